@@ -1,0 +1,2 @@
+"""Shared pytest set-up. Fixtures for the local UltraCluster live in tests/fixtures_localcluster.py."""
+pytest_plugins = ["tests.fixtures_localcluster"]
