@@ -1,0 +1,37 @@
+# ultracluster — one entry point. Every target is idempotent and safe to run twice.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+export LOCAL_ULTRACLUSTER_HOME ?= /var/lib/local-ultracluster
+export AWS_ENDPOINT_URL ?= http://127.0.0.1:5055
+VENVS := $(CURDIR)/.venvs
+PYTEST_ARGS ?=
+
+.PHONY: help setup up down demo test lock clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+setup:  ## apt packages, the three venvs and the local dataset (only what is missing)
+	@bash scripts/setup_apt.sh
+	@bash scripts/setup_venvs.sh
+	@bash scripts/build_local_dataset.sh "$(LOCAL_ULTRACLUSTER_HOME)/dataset"
+
+up: setup  ## start the local UltraCluster's AWS stand-in (moto, buckets, key pair, dataset) and Airflow
+	@bash scripts/up.sh
+
+down:  ## stop everything `make up` and the demo started: clusters, daemons, moto, Airflow
+	@bash scripts/down.sh
+
+demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a results summary
+	@bash scripts/demo.sh
+
+test: setup  ## run the whole test suite (starts and stops its own daemons)
+	@$(VENVS)/airflow/bin/python -m pytest $(PYTEST_ARGS)
+
+lock:  ## re-resolve the pins into the lock files
+	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock
+	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 localcluster/pyproject.toml -o localcluster/requirements.lock
+
+clean: down  ## remove the venvs and the local state
+	rm -rf $(VENVS) .airflow "$(LOCAL_ULTRACLUSTER_HOME)"

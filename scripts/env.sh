@@ -1,0 +1,29 @@
+# Sourced by the scripts: the environment of the local deployment (Airflow + local UltraCluster).
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venvs=$repo/.venvs
+export LOCAL_ULTRACLUSTER_HOME=${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}
+export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:5055}
+export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
+export AIRFLOW_HOME=${AIRFLOW_HOME:-$repo/.airflow}
+export AIRFLOW_PORT=${AIRFLOW_PORT:-8080}
+export AIRFLOW__CORE__DAGS_FOLDER=$repo/dags
+# The package is installed (entry point); an empty plugins folder avoids loading it twice.
+export AIRFLOW__CORE__PLUGINS_FOLDER=$AIRFLOW_HOME/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__PARALLELISM=6
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__PORT=$AIRFLOW_PORT
+export AIRFLOW__API__BASE_URL=http://127.0.0.1:$AIRFLOW_PORT
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$AIRFLOW_PORT/execution/
+# Closes a deferral race seen in 3.3.2 (field notes; apache/airflow #71580).
+export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=1
+export AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL=5
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$AIRFLOW_HOME/passwords.json
+export ULTRACLUSTER_PROFILE=local
+export ULTRACLUSTER_TRAINING_PYTHON=$venvs/training/bin/python
+# Connections for the local UltraCluster, written by `local-ultracluster up`.
+if [ -f "$LOCAL_ULTRACLUSTER_HOME/airflow.env" ]; then
+  set -a; . "$LOCAL_ULTRACLUSTER_HOME/airflow.env"; set +a
+fi

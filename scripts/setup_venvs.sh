@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the project's venvs from the repo's own pins. Idempotent: a venv whose inputs have not
+# changed since its last build is left alone (a stamp holds the hash of its inputs).
+#   .venvs/tools         uv (fast, reproducible installs)
+#   .venvs/airflow       requirements.lock + plugins/ (editable) — Airflow, providers, product, test tools
+#   .venvs/localcluster  localcluster/ — the pcluster-compatible CLI and moto server
+#   .venvs/training      include/training/requirements.txt — torch CPU, transformers (scripts/setup_training_venv.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venvs=$root/.venvs
+mkdir -p "$venvs"
+
+python=$(command -v python3.11 || true)
+[ -n "$python" ] || { echo "setup: Python 3.11 is required (apt-get install python3 python3-venv on Debian 12)" >&2; exit 1; }
+
+inputs_hash() { cat "$@" | sha256sum | cut -c1-16; }
+fresh() { [ -f "$1/.stamp" ] && [ "$(cat "$1/.stamp")" = "$2" ] && [ -x "$1/bin/python" ]; }
+
+if ! [ -x "$venvs/tools/bin/uv" ]; then
+  "$python" -m venv "$venvs/tools"
+  "$venvs/tools/bin/pip" install -q uv==0.13.9
+fi
+uv=$venvs/tools/bin/uv
+export UV_LINK_MODE=copy
+
+stamp=$(inputs_hash requirements.lock plugins/pyproject.toml)
+if ! fresh "$venvs/airflow" "$stamp"; then
+  echo "setup: building .venvs/airflow"
+  "$uv" venv -q --allow-existing -p "$python" "$venvs/airflow"
+  "$uv" pip sync -q -p "$venvs/airflow/bin/python" requirements.lock
+  "$uv" pip install -q --no-deps -p "$venvs/airflow/bin/python" -e plugins
+  echo "$stamp" > "$venvs/airflow/.stamp"
+fi
+
+stamp=$(inputs_hash localcluster/pyproject.toml localcluster/requirements.lock)
+if ! fresh "$venvs/localcluster" "$stamp"; then
+  echo "setup: building .venvs/localcluster"
+  "$uv" venv -q --allow-existing -p "$python" "$venvs/localcluster"
+  "$uv" pip sync -q -p "$venvs/localcluster/bin/python" localcluster/requirements.lock
+  "$uv" pip install -q --no-deps -p "$venvs/localcluster/bin/python" -e localcluster
+  echo "$stamp" > "$venvs/localcluster/.stamp"
+fi
+
+bash scripts/setup_training_venv.sh
+echo "setup: venvs ready in $venvs"
