@@ -1,0 +1,302 @@
+"""SSH to a cluster's head node with its host key pinned.
+
+The SSH connection (``ultracluster_head_node``) supplies user, private key and port; the address
+comes from describe-cluster and the host key from first contact (``fetch_host_key``, called by
+wait_for_fleet). Every later connection in the run expects exactly that key and fails on any other:
+the connection's own ``no_host_key_check``/``host_key`` extras are overridden, never trusted.
+
+Wraps the providers-ssh hooks: ``SSHHook`` (paramiko) in workers, ``SSHHookAsync`` (asyncssh) in
+triggers. paramiko/asyncssh are imported inside methods (the DAG file imports this at parse time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import posixpath
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import BaseHook
+
+if TYPE_CHECKING:
+    import asyncssh
+    import paramiko
+
+    from ultracluster.remote_commands import RemoteCommand
+
+DEFAULT_SSH_CONN_ID = "ultracluster_head_node"
+# ssh-ed25519 first: the pinned key is then the same type whatever sshd offers first.
+_PREFERRED_HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
+
+
+class HostKeyMismatchError(Exception):
+    """The head node presented a host key other than the one pinned at first contact."""
+
+
+class HeadNodeUnreachableError(Exception):
+    """The head node could not be reached (network, sshd down); worth retrying later."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+def _validate_head_node(head_node: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not head_node:
+        raise ValueError("head_node is required: the dict wait_for_fleet returns")
+    missing = [key for key in ("address", "host_key") if not head_node.get(key)]
+    if missing:
+        raise ValueError(
+            f"head_node lacks {missing}: host keys are pinned at first contact by wait_for_fleet, "
+            "a head node without one is refused"
+        )
+    key_parts = str(head_node["host_key"]).split()
+    if len(key_parts) < 2:
+        raise ValueError("head_node host_key must look like 'ssh-ed25519 AAAA...'")
+    return dict(head_node)
+
+
+def _pinned_async_hook_class():
+    """SSHHookAsync whose known hosts are always exactly the pinned key."""
+    from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+    class PinnedSSHHookAsync(SSHHookAsync):
+        def __init__(self, *, pinned_host_key: str, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self._pinned_host_key = pinned_host_key
+            self._pin()
+
+        def _pin(self) -> None:
+            import asyncssh
+
+            key = asyncssh.import_public_key(self._pinned_host_key)
+            # Lists (trusted keys, CA keys, revoked keys) skip name matching: this key, for this
+            # connection, whatever port it runs on.
+            self.known_hosts = ([key], [], [])  # type: ignore[assignment]
+
+        def _parse_extras(self, conn: Any) -> None:
+            super()._parse_extras(conn)
+            # The connection may say no_host_key_check/host_key; the pinned key wins.
+            self._pin()
+
+    return PinnedSSHHookAsync
+
+
+class HeadNodeHook(BaseHook):
+    """Run commands on, and copy files to, one cluster's head node (host key pinned).
+
+    :param ssh_conn_id: SSH connection: login, private key (``key_file`` or ``private_key``), port.
+    :param head_node: ``{"cluster_name", "address", "host_key"}`` from wait_for_fleet.
+    :param command_timeout: seconds one command may run.
+    :param conn_timeout: seconds to establish the connection.
+    """
+
+    conn_name_attr = "ssh_conn_id"
+    default_conn_name = DEFAULT_SSH_CONN_ID
+    conn_type = "ssh"
+    hook_name = "UltraCluster head node"
+
+    def __init__(
+        self,
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
+        head_node: Mapping[str, Any] | None = None,
+        *,
+        command_timeout: float = 900,
+        conn_timeout: float = 30,
+    ) -> None:
+        super().__init__()
+        self.ssh_conn_id = ssh_conn_id
+        self.head_node = _validate_head_node(head_node)
+        self.command_timeout = command_timeout
+        self.conn_timeout = conn_timeout
+        self._ssh_hook = None
+
+    @property
+    def address(self) -> str:
+        return str(self.head_node["address"])
+
+    @property
+    def host_key(self) -> str:
+        return " ".join(str(self.head_node["host_key"]).split()[:2])
+
+    # ------------------------------------------------------------------------------- sync
+
+    def get_ssh_hook(self):
+        """providers-ssh SSHHook for this head node, expecting exactly the pinned host key."""
+        if self._ssh_hook is None:
+            import paramiko
+            from airflow.providers.ssh.hooks.ssh import SSHHook
+            from base64 import b64decode
+
+            hook = SSHHook(
+                ssh_conn_id=self.ssh_conn_id,
+                remote_host=self.address,
+                conn_timeout=int(self.conn_timeout),
+                cmd_timeout=self.command_timeout,
+                # A wrong host key must fail at once; unreachable-host retries are ours (callers
+                # back off across polls instead of blocking here).
+                conn_retry_attempts=1,
+            )
+            key_type, key_data = self.host_key.split()[:2]
+            hook.host_key = paramiko.PKey.from_type_string(key_type, b64decode(key_data))
+            hook.no_host_key_check = False
+            hook.allow_host_key_change = False
+            self._ssh_hook = hook
+        return self._ssh_hook
+
+    def get_conn(self) -> paramiko.SSHClient:
+        import paramiko
+
+        try:
+            return self.get_ssh_hook().get_conn()
+        except paramiko.BadHostKeyException as err:
+            raise HostKeyMismatchError(
+                f"Head node {self.address} presented host key {err.key.get_name()} "
+                f"{err.key.get_base64()[:16]}..., not the key pinned at first contact "
+                f"({self.host_key[:40]}...). Refusing to connect."
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as err:
+            if isinstance(err, paramiko.AuthenticationException):
+                raise
+            raise HeadNodeUnreachableError(f"Cannot reach head node {self.address}: {err}") from err
+
+    def close(self) -> None:
+        if self._ssh_hook is not None and self._ssh_hook.client is not None:
+            self._ssh_hook.client.close()
+            self._ssh_hook.client = None
+
+    def run(self, command: RemoteCommand, *, timeout: float | None = None) -> CommandResult:
+        """Run one command; its stdin (maybe a secret) is written, never logged."""
+        import paramiko
+
+        client = self.get_conn()
+        self.log.debug("Head node %s: %s", self.address, command)
+        try:
+            stdin, stdout, stderr = client.exec_command(command.shell, timeout=timeout or self.command_timeout)
+            if command.stdin is not None:
+                stdin.write(command.stdin)
+            stdin.channel.shutdown_write()
+            out = stdout.read()
+            err = stderr.read()
+            exit_status = stdout.channel.recv_exit_status()
+        except (OSError, paramiko.SSHException, EOFError) as error:
+            self.close()
+            raise HeadNodeUnreachableError(f"Lost head node {self.address} running {command}: {error}") from error
+        return CommandResult(
+            exit_status=exit_status,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+        )
+
+    def check(self, command: RemoteCommand, *, timeout: float | None = None) -> CommandResult:
+        """``run`` that raises with the command's stderr on a non-zero exit."""
+        result = self.run(command, timeout=timeout)
+        if not result.ok:
+            raise RuntimeError(
+                f"`{command}` failed on head node {self.address} (exit {result.exit_status}): "
+                f"{result.stderr.strip()[-2000:] or result.stdout.strip()[-2000:]}"
+            )
+        return result
+
+    def put_file(self, local_path: str, remote_path: str, *, mode: int | None = None) -> None:
+        """SFTP a file, written to a temp name then renamed: a rerun replaces it, never half-writes."""
+        client = self.get_conn()
+        tmp_path = posixpath.join(posixpath.dirname(remote_path), f".{posixpath.basename(remote_path)}.part")
+        with client.open_sftp() as sftp:
+            sftp.put(local_path, tmp_path)
+            if mode is not None:
+                sftp.chmod(tmp_path, mode)
+            sftp.posix_rename(tmp_path, remote_path)
+
+    # ------------------------------------------------------------------------------ async
+
+    def get_async_hook(self):
+        """providers-ssh SSHHookAsync for this head node, expecting exactly the pinned key."""
+        return _pinned_async_hook_class()(
+            ssh_conn_id=self.ssh_conn_id, host=self.address, pinned_host_key=self.host_key
+        )
+
+    @contextlib.asynccontextmanager
+    async def aconnection(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
+        """One asyncssh connection to reuse across several commands (a trigger's poll loop)."""
+        import asyncssh
+
+        try:
+            conn = await asyncio.wait_for(self.get_async_hook().get_conn(), timeout=self.conn_timeout)
+        except asyncssh.HostKeyNotVerifiable as err:
+            raise HostKeyMismatchError(
+                f"Head node {self.address} did not present the host key pinned at first contact: {err}"
+            ) from None
+        except (OSError, asyncssh.Error, asyncio.TimeoutError) as err:
+            raise HeadNodeUnreachableError(f"Cannot reach head node {self.address}: {err!r}") from err
+        try:
+            yield conn
+        finally:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await conn.wait_closed()
+
+    async def arun(
+        self,
+        command: RemoteCommand,
+        *,
+        conn: asyncssh.SSHClientConnection | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run one command over asyncssh (on ``conn`` when given, else a fresh connection)."""
+        import asyncssh
+
+        if conn is None:
+            async with self.aconnection() as fresh:
+                return await self.arun(command, conn=fresh, timeout=timeout)
+        try:
+            result = await conn.run(
+                command.shell, input=command.stdin, check=False, timeout=timeout or self.command_timeout
+            )
+        except (OSError, asyncssh.Error, asyncio.TimeoutError) as err:
+            raise HeadNodeUnreachableError(f"Lost head node {self.address} running {command}: {err!r}") from err
+        stdout, stderr = result.stdout or "", result.stderr or ""
+        # Killed by a signal: exit_status is -1/None; report it as a failure, never as 0.
+        exit_status = result.exit_status if result.exit_status is not None and result.exit_status >= 0 else 255
+        return CommandResult(
+            exit_status=exit_status,
+            stdout=stdout if isinstance(stdout, str) else stdout.decode("utf-8", "replace"),
+            stderr=stderr if isinstance(stderr, str) else stderr.decode("utf-8", "replace"),
+        )
+
+    # ------------------------------------------------------------------------- first contact
+
+    @staticmethod
+    def fetch_host_key(address: str, port: int = 22, timeout: float = 10) -> str:
+        """Trust on first use: the head node's host key as ``"<type> <base64>"``.
+
+        Called once, by wait_for_fleet, right after describe-cluster gave the address; every
+        later connection in the run verifies against this value.
+        """
+        import socket
+
+        import paramiko
+
+        sock = socket.create_connection((address, int(port)), timeout=timeout)
+        transport = paramiko.Transport(sock)
+        try:
+            options = transport.get_security_options()
+            offered = tuple(options.key_types)
+            options.key_types = tuple(k for k in _PREFERRED_HOST_KEY_TYPES if k in offered) + tuple(
+                k for k in offered if k not in _PREFERRED_HOST_KEY_TYPES
+            )
+            transport.start_client(timeout=timeout)
+            key = transport.get_remote_server_key()
+            return f"{key.get_name()} {key.get_base64()}"
+        finally:
+            transport.close()
+            sock.close()

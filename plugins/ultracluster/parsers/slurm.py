@@ -1,0 +1,418 @@
+"""Every parse of Slurm output (sinfo, squeue, scontrol show job, sbatch, sacct) and of the
+training script's ``UC_PROGRESS`` lines. Formats match ``ultracluster.remote_commands``.
+
+Tested against real Slurm 22.05.8 output in tests/fixtures/slurm/. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# Base job states (scontrol/squeue/sacct spell them the same way).
+PENDING_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+     "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", "POWER_UP_NODE"}
+)
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING"})
+SUCCESS_STATES = frozenset({"COMPLETED"})
+FAILURE_STATES = frozenset(
+    {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE",
+     "PREEMPTED", "REVOKED"}
+)
+TERMINAL_STATES = SUCCESS_STATES | FAILURE_STATES
+
+
+class SlurmParseError(ValueError):
+    """Slurm printed something the parser does not understand."""
+
+
+def base_state(state: str) -> str:
+    """``CANCELLED by 0`` -> ``CANCELLED``; ``COMPLETING+`` style suffixes dropped."""
+    return state.strip().split(" ", 1)[0].rstrip("+").upper()
+
+
+def is_terminal(state: str) -> bool:
+    return base_state(state) in TERMINAL_STATES
+
+
+def is_active(state: str) -> bool:
+    """Queued or running: a job worth reattaching to."""
+    return base_state(state) in PENDING_STATES | RUNNING_STATES
+
+
+# ------------------------------------------------------------------------------------ sbatch
+
+_SBATCH_PARSABLE = re.compile(r"^\s*(\d+)(?:;[^\s]+)?\s*$")
+_SBATCH_TEXT = re.compile(r"Submitted batch job (\d+)")
+
+
+def parse_sbatch(stdout: str) -> str:
+    """Job id from ``sbatch --parsable`` (``123`` or ``123;cluster``) or the plain message."""
+    for line in stdout.splitlines():
+        if match := _SBATCH_PARSABLE.match(line) or _SBATCH_TEXT.search(line):
+            return match.group(1)
+    raise SlurmParseError(f"No job id in sbatch output: {stdout.strip()[:200]!r}")
+
+
+# ------------------------------------------------------------------------------------- sinfo
+
+# sinfo state suffixes: * not responding, ~ powered off, # powering up, % powering down,
+# ! pending power down, $ maintenance, @ pending reboot, ^ rebooting, - planned.
+_NODE_FLAGS = "*~#%!$@^-"
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    partition: str
+    available: str
+    name: str
+    state: str  # full sinfo state, e.g. "idle~", "down*", "drained"
+    reason: str | None
+    default_partition: bool = False
+
+    @property
+    def base(self) -> str:
+        return self.state.rstrip(_NODE_FLAGS).lower()
+
+    @property
+    def flags(self) -> str:
+        return self.state[len(self.state.rstrip(_NODE_FLAGS)):]
+
+    @property
+    def powered_down(self) -> bool:
+        return "~" in self.flags
+
+    @property
+    def not_responding(self) -> bool:
+        return "*" in self.flags
+
+    @property
+    def is_idle_ready(self) -> bool:
+        """Idle and powered up: a static node ready now."""
+        return self.base == "idle" and not self.flags
+
+    @property
+    def is_idle_powered_down(self) -> bool:
+        """A dynamic node Slurm will power up for a job (``idle~``)."""
+        return self.base == "idle" and self.flags == "~"
+
+    @property
+    def is_unusable(self) -> bool:
+        """Down, drained/draining, failing or not responding: a job cannot get it."""
+        return (
+            self.base.startswith(("down", "drain", "fail", "inval", "unk"))
+            or self.not_responding
+        )
+
+
+def parse_sinfo(stdout: str) -> list[NodeStatus]:
+    """Lines of ``sinfo -h -N -o '%P|%a|%D|%T|%N|%E'``."""
+    nodes: list[NodeStatus] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 5)
+        if len(parts) != 6:
+            raise SlurmParseError(f"Unexpected sinfo line: {line!r}")
+        partition, available, _count, state, name, reason = parts
+        reason = reason.strip()
+        nodes.append(
+            NodeStatus(
+                partition=partition.rstrip("*"),
+                available=available,
+                name=name,
+                state=state,
+                reason=None if reason in ("", "none", "(null)") else reason,
+                default_partition=partition.endswith("*"),
+            )
+        )
+    return nodes
+
+
+@dataclass
+class PartitionCapacity:
+    """Can a partition run a job of ``wanted`` nodes now (or after powering dynamic nodes up)?"""
+
+    partition: str
+    wanted: int
+    idle: list[str] = field(default_factory=list)
+    powered_down: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    unusable: dict[str, str] = field(default_factory=dict)  # node -> "state: reason"
+    partition_up: bool = True
+
+    @property
+    def available(self) -> int:
+        return len(self.idle) + len(self.powered_down)
+
+    @property
+    def ready(self) -> bool:
+        return self.partition_up and self.available >= self.wanted
+
+    @property
+    def impossible(self) -> bool:
+        """Even once every busy node frees up, too few nodes are usable: waiting will not help."""
+        return not self.partition_up or self.available + len(self.busy) < self.wanted
+
+    def describe(self) -> str:
+        text = (
+            f"partition {self.partition}: need {self.wanted} node(s); idle {len(self.idle)}, "
+            f"idle~ (powered down) {len(self.powered_down)}, busy {len(self.busy)}, "
+            f"unusable {len(self.unusable)}"
+        )
+        if not self.partition_up:
+            text += " (partition is not up)"
+        if self.unusable:
+            text += "; " + "; ".join(f"{node} {why}" for node, why in sorted(self.unusable.items()))
+        return text
+
+
+def partition_capacity(nodes: Iterable[NodeStatus], partition: str | None, wanted: int) -> PartitionCapacity:
+    """Summarise one partition; ``partition=None`` means the default partition."""
+    nodes = list(nodes)
+    if partition is None:
+        defaults = [n.partition for n in nodes if n.default_partition]
+        if not defaults:
+            raise SlurmParseError("sinfo shows no default partition; name the queue explicitly")
+        partition = defaults[0]
+    members = [n for n in nodes if n.partition == partition]
+    if not members:
+        known = sorted({n.partition for n in nodes})
+        raise SlurmParseError(f"Partition {partition!r} not found in sinfo (partitions: {known})")
+    capacity = PartitionCapacity(partition=partition, wanted=wanted)
+    capacity.partition_up = all(n.available == "up" for n in members)
+    for node in members:
+        if node.is_unusable:
+            capacity.unusable[node.name] = f"{node.state}: {node.reason or 'no reason given'}"
+        elif node.is_idle_ready:
+            capacity.idle.append(node.name)
+        elif node.is_idle_powered_down:
+            capacity.powered_down.append(node.name)
+        else:
+            capacity.busy.append(node.name)
+    return capacity
+
+
+# ------------------------------------------------------------------------------------ squeue
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    job_id: str
+    name: str
+    state: str
+    reason: str | None
+    nodes: str
+    comment: str | None
+
+
+def parse_squeue(stdout: str) -> list[QueuedJob]:
+    """Lines of ``squeue -h -o '%i|%j|%T|%r|%N|%k'``."""
+    jobs: list[QueuedJob] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 5)
+        if len(parts) != 6:
+            raise SlurmParseError(f"Unexpected squeue line: {line!r}")
+        job_id, name, state, reason, nodes, comment = parts
+        jobs.append(
+            QueuedJob(
+                job_id=job_id.strip(),
+                name=name,
+                state=base_state(state),
+                reason=None if reason in ("None", "(null)", "") else reason,
+                nodes=nodes,
+                comment=None if comment in ("(null)", "") else comment,
+            )
+        )
+    return jobs
+
+
+# ----------------------------------------------------------------------------------- scontrol
+
+# A key starts a token: word chars plus the few punctuation marks scontrol uses in keys
+# ("AllocNode:Sid", "CPUs/Task", "ReqB:S:C:T", "NtasksPerN:B:S:C", "Socks/Node").
+_SCONTROL_KEY = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:/]*)=")
+
+
+def parse_scontrol_kv(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of ``scontrol show job`` (one-line or multi-line form).
+
+    Values may hold spaces (``Reason=... ``, ``Comment=...``): a value runs until the next key.
+    """
+    flat = " ".join(text.split("\n"))
+    matches = list(_SCONTROL_KEY.finditer(flat))
+    pairs: dict[str, str] = {}
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(flat)
+        pairs.setdefault(match.group(1), flat[match.end():end].strip())
+    return pairs
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    name: str
+    state: str
+    reason: str | None
+    exit_code: int | None  # the job's exit status (first half of ExitCode=a:b)
+    signal: int | None  # the signal that ended it (second half), 0 when none
+    nodes: str | None
+    num_nodes: int | None
+    stdout_path: str | None
+    comment: str | None
+    work_dir: str | None
+    raw: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state in SUCCESS_STATES
+
+
+def _null(value: str | None) -> str | None:
+    return None if value in (None, "", "(null)", "None", "N/A") else value
+
+
+def _exit_code(value: str | None) -> tuple[int | None, int | None]:
+    if not value or ":" not in value:
+        return None, None
+    status, signal = value.split(":", 1)
+    try:
+        return int(status), int(signal)
+    except ValueError:
+        return None, None
+
+
+def parse_scontrol_show_job(stdout: str) -> JobInfo:
+    pairs = parse_scontrol_kv(stdout)
+    if "JobId" not in pairs or "JobState" not in pairs:
+        raise SlurmParseError(f"Not a scontrol show job record: {stdout.strip()[:200]!r}")
+    status, signal = _exit_code(pairs.get("ExitCode"))
+    num_nodes = pairs.get("NumNodes", "").split("-", 1)[0]
+    return JobInfo(
+        job_id=pairs["JobId"],
+        name=pairs.get("JobName", ""),
+        state=base_state(pairs["JobState"]),
+        reason=_null(pairs.get("Reason")),
+        exit_code=status,
+        signal=signal,
+        nodes=_null(pairs.get("NodeList")),
+        num_nodes=int(num_nodes) if num_nodes.isdigit() else None,
+        stdout_path=_null(pairs.get("StdOut")),
+        comment=_null(pairs.get("Comment")),
+        work_dir=_null(pairs.get("WorkDir")),
+        raw=pairs,
+    )
+
+
+def is_unknown_job_error(stderr: str) -> bool:
+    """slurmctld no longer knows the job (older than MinJobAge, or never existed)."""
+    return "Invalid job id specified" in stderr
+
+
+# -------------------------------------------------------------------------------------- sacct
+
+
+def is_accounting_disabled(output: str) -> bool:
+    return "accounting storage is disabled" in output.lower()
+
+
+def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None] | None:
+    """(state, exit code, signal) of the allocation line of ``sacct -n -P -X -o JobID,JobName,State,ExitCode``."""
+    for line in stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 4 and parts[0] == str(job_id):
+            status, signal = _exit_code(parts[3])
+            return base_state(parts[2]), status, signal
+    return None
+
+
+# --------------------------------------------------------------------------- training progress
+
+_PROGRESS_PREFIX = "UC_PROGRESS "
+_RESULTS_PREFIX = "UC_RESULTS "
+_ERROR_PREFIX = "UC_ERROR "
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int | None
+    loss: float | None
+    lr: float | None
+    throughput: float | None
+    eta_s: float | None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"step {self.step}" + (f"/{self.total}" if self.total else "")]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.6f}")
+        if self.throughput is not None:
+            parts.append(f"{self.throughput:.2f} seq/s")
+        if self.eta_s is not None:
+            parts.append(f"eta {int(self.eta_s)} s")
+        return ", ".join(parts)
+
+
+def _number(value: str | None, kind: type = float):
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        return None
+
+
+def parse_progress_line(line: str) -> Progress | None:
+    """``UC_PROGRESS step=12 total=40 loss=7.123456 lr=0.000100 throughput=35.21 eta_s=83``.
+
+    Returns None for any other line, or a progress line without a valid step. A line may carry a
+    prefix (srun ``--label`` adds ``0: ``), so the marker is searched, not anchored.
+    """
+    start = line.find(_PROGRESS_PREFIX)
+    if start < 0:
+        return None
+    tokens: dict[str, str] = {}
+    for token in line[start + len(_PROGRESS_PREFIX):].split():
+        key, sep, value = token.partition("=")
+        if sep:
+            tokens[key] = value
+    step = _number(tokens.pop("step", None), int)
+    if step is None:
+        return None
+    total = _number(tokens.pop("total", None), int)
+    return Progress(
+        step=step,
+        total=total,
+        loss=_number(tokens.pop("loss", None)),
+        lr=_number(tokens.pop("lr", None)),
+        throughput=_number(tokens.pop("throughput", None)),
+        eta_s=_number(tokens.pop("eta_s", None)),
+        extra=tokens,
+    )
+
+
+def parse_progress(text: str) -> list[Progress]:
+    return [p for line in text.splitlines() if (p := parse_progress_line(line)) is not None]
+
+
+def find_results_path(text: str) -> str | None:
+    """Last ``UC_RESULTS <path>`` in a log."""
+    found = None
+    for line in text.splitlines():
+        start = line.find(_RESULTS_PREFIX)
+        if start >= 0:
+            found = line[start + len(_RESULTS_PREFIX):].strip() or found
+    return found
+
+
+def find_errors(text: str) -> list[str]:
+    return [line[line.find(_ERROR_PREFIX):].strip() for line in text.splitlines() if _ERROR_PREFIX in line]

@@ -1,0 +1,202 @@
+"""Waits for a Slurm job on the head node, streaming its progress lines into the task log.
+
+One asyncssh connection (providers-ssh SSHHookAsync, host key pinned) serves the whole poll loop.
+An unreachable head node is retried with backoff for up to ``outage_timeout`` seconds; only a host
+key mismatch or a longer outage ends the trigger with an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
+from ultracluster.hooks.slurm import SlurmHook
+from ultracluster.parsers import slurm as parse
+
+# Lines of the Slurm log copied into the task log (the rest stays in the log file).
+_STREAMED_MARKERS = ("UC_PROGRESS ", "UC_RESULTS ", "UC_ERROR ", "UC_INFO ")
+
+
+def _backoff(attempt: int, cap: float = 60.0) -> float:
+    """Exponential with jitter so many triggers do not hammer a recovering sshd in lockstep."""
+    base = min(2.0 ** min(attempt, 10), cap)
+    return base / 2 + random.uniform(0, base / 2)
+
+
+async def task_is_still_deferred(task_instance: Any) -> bool:
+    """True when the task instance is still deferred, i.e. on_kill fired without a user kill.
+
+    Works around an upstream bug where moving a trigger to another triggerer also calls on_kill:
+    a user's mark-failed/success or clear changes the state first, a move does not. When the
+    state cannot be read, return False (the kill is taken as real: the user asked for it).
+    """
+    if task_instance is None:
+        return False
+    try:
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        states = await asyncio.to_thread(
+            RuntimeTaskInstance.get_task_states,
+            dag_id=task_instance.dag_id,
+            task_ids=[task_instance.task_id],
+            run_ids=[task_instance.run_id],
+            map_index=getattr(task_instance, "map_index", -1),
+        )
+    except Exception:
+        return False
+    state = (states or {}).get(task_instance.run_id, {}).get(task_instance.task_id)
+    return str(getattr(state, "value", state)).lower() == "deferred"
+
+
+class SlurmJobTrigger(BaseTrigger):
+    """Fires once when Slurm job ``job_id`` ends (or cannot be followed any more).
+
+    :param head_node: ``{"cluster_name", "address", "host_key", ...}`` from wait_for_fleet.
+    :param ssh_conn_id: SSH connection (user, key, port).
+    :param job_id: Slurm job id.
+    :param job_dir: job directory on shared storage (holds the exit marker).
+    :param log_path: the job's Slurm output file.
+    :param log_offset: byte offset already streamed (carried across deferrals and retries).
+    :param poll_interval: seconds between polls.
+    :param outage_timeout: seconds the head node may stay unreachable before giving up.
+    """
+
+    def __init__(
+        self,
+        *,
+        head_node: dict[str, Any],
+        ssh_conn_id: str,
+        job_id: str,
+        job_dir: str,
+        log_path: str,
+        log_offset: int = 0,
+        poll_interval: float = 30,
+        outage_timeout: float = 900,
+    ) -> None:
+        super().__init__()
+        self.head_node = dict(head_node)
+        self.ssh_conn_id = ssh_conn_id
+        self.job_id = str(job_id)
+        self.job_dir = job_dir
+        self.log_path = log_path
+        self.log_offset = int(log_offset)
+        self.poll_interval = float(poll_interval)
+        self.outage_timeout = float(outage_timeout)
+        self._last_progress: dict[str, Any] | None = None
+        self._results_path: str | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "head_node": self.head_node,
+                "ssh_conn_id": self.ssh_conn_id,
+                "job_id": self.job_id,
+                "job_dir": self.job_dir,
+                "log_path": self.log_path,
+                "log_offset": self.log_offset,
+                "poll_interval": self.poll_interval,
+                "outage_timeout": self.outage_timeout,
+            },
+        )
+
+    def _slurm(self) -> SlurmHook:
+        return SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node))
+
+    def _event(self, status: str, **fields: Any) -> TriggerEvent:
+        return TriggerEvent(
+            {
+                "status": status,
+                "job_id": self.job_id,
+                "log_offset": self.log_offset,
+                "last_progress": self._last_progress,
+                "results_path": self._results_path,
+                **fields,
+            }
+        )
+
+    def _consume_log(self, chunk_size: int, data: bytes, max_bytes: int) -> bool:
+        """Log the complete new lines; return True when more data is waiting."""
+        if chunk_size >= 0 and chunk_size < self.log_offset:
+            # The log was replaced (a job rerun into the same file): start again from its top.
+            self.log.warning("Slurm log %s shrank below offset %d; rereading it", self.log_path, self.log_offset)
+            self.log_offset = 0
+            return True
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) >= max_bytes:
+            end = len(data)  # one enormous line: move past it rather than stall on it forever
+        for raw in data[:end].splitlines():
+            line = raw.decode("utf-8", errors="replace")
+            if not any(marker in line for marker in _STREAMED_MARKERS):
+                continue
+            self.log.info("%s", line.strip())
+            if (progress := parse.parse_progress_line(line)) is not None:
+                self._last_progress = {
+                    "step": progress.step, "total": progress.total, "loss": progress.loss,
+                    "throughput": progress.throughput, "eta_s": progress.eta_s,
+                }
+            elif (results := parse.find_results_path(line)) is not None:
+                self._results_path = results
+        self.log_offset += end
+        return end > 0 and self.log_offset < chunk_size
+
+    async def _stream_log(self, slurm: SlurmHook, conn: Any, max_bytes: int = 262_144) -> None:
+        # Bounded: a very chatty job cannot keep the loop here forever.
+        for _ in range(16):
+            chunk = await slurm.aread_log_chunk(self.log_path, self.log_offset, max_bytes, conn=conn)
+            if not self._consume_log(chunk.size, chunk.data, max_bytes):
+                return
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        slurm = self._slurm()
+        head_node_hook = slurm.head_node_hook
+        last_contact = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                async with head_node_hook.aconnection() as conn:
+                    while True:
+                        status = await slurm.ajob_status(self.job_id, self.job_dir, conn=conn)
+                        # Read the log after the state: a finished job's last lines are then in.
+                        await self._stream_log(slurm, conn)
+                        last_contact, failures = time.monotonic(), 0
+                        if status.terminal:
+                            yield self._event("success" if status.succeeded else "failed", **status.to_dict())
+                            return
+                        await asyncio.sleep(self.poll_interval)
+            except HostKeyMismatchError as err:
+                yield self._event("error", message=str(err))
+                return
+            except HeadNodeUnreachableError as err:
+                failures += 1
+                down_for = time.monotonic() - last_contact
+                if down_for > self.outage_timeout:
+                    yield self._event(
+                        "error",
+                        message=f"Head node unreachable for {int(down_for)} s (limit {int(self.outage_timeout)} s): {err}",
+                    )
+                    return
+                delay = _backoff(failures)
+                self.log.warning(
+                    "Head node unreachable (attempt %d, %d s so far); retrying in %.1f s: %s",
+                    failures, int(down_for), delay, err,
+                )
+                await asyncio.sleep(delay)
+            except Exception as err:  # a bug or an unexpected Slurm reply: end with the reason
+                self.log.exception("Slurm job trigger failed")
+                yield self._event("error", message=f"{type(err).__name__}: {err}")
+                return
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious)."""
+        if await task_is_still_deferred(self.task_instance):
+            self.log.warning("on_kill fired while the task is still deferred (trigger moved?); job %s kept", self.job_id)
+            return
+        self.log.info("Task killed: scancel %s", self.job_id)
+        await asyncio.wait_for(self._slurm().ascancel(self.job_id), timeout=25)
