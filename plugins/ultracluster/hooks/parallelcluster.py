@@ -1,0 +1,181 @@
+"""ParallelClusterHook: the pcluster v3 CLI, one method per CLI verb.
+
+The connection (generic type, default ``pcluster_default``) says which CLI to run and how:
+``extra = {"binary": "/path/to/pcluster", "region": "us-east-1", "env": {"AWS_PROFILE": ...}}``.
+The same hook drives real AWS ParallelCluster and the local UltraCluster's pcluster-compatible CLI;
+only the connection differs.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from ultracluster.parsers.pcluster import PclusterError, parse_cli_result
+
+# create-cluster without --wait returns once CloudFormation accepted the stack; describe is quick.
+DEFAULT_CLI_TIMEOUT_S = 900
+
+
+class ParallelClusterHook(BaseHook):
+    """Run ``pcluster`` verbs and return their parsed JSON; failures raise typed PclusterError."""
+
+    conn_name_attr = "pcluster_conn_id"
+    default_conn_name = "pcluster_default"
+    conn_type = "generic"
+    hook_name = "AWS ParallelCluster CLI"
+
+    def __init__(
+        self,
+        pcluster_conn_id: str | None = default_conn_name,
+        *,
+        region_name: str | None = None,
+        cli_timeout: float = DEFAULT_CLI_TIMEOUT_S,
+    ) -> None:
+        super().__init__()
+        self.pcluster_conn_id = pcluster_conn_id
+        self._region_override = region_name
+        self.cli_timeout = cli_timeout
+        self._settings: dict[str, Any] | None = None
+
+    # --- connection -------------------------------------------------------------------------
+    def _settings_from_extra(self, extra: dict[str, Any]) -> dict[str, Any]:
+        binary = extra.get("binary") or "pcluster"
+        resolved = shutil.which(binary) if not os.path.isabs(binary) else binary
+        if not resolved:
+            raise PclusterError(
+                f"pcluster binary {binary!r} not found; set extra.binary on connection "
+                f"{self.pcluster_conn_id!r}"
+            )
+        env = dict(os.environ)
+        # Values may be credentials: they go to the child's environment and nowhere else.
+        env.update({str(k): str(v) for k, v in (extra.get("env") or {}).items()})
+        return {
+            "binary": resolved,
+            "region": self._region_override or extra.get("region") or env.get("AWS_DEFAULT_REGION"),
+            "env": env,
+        }
+
+    def _get_settings(self) -> dict[str, Any]:
+        if self._settings is None:
+            extra = self.get_connection(self.pcluster_conn_id).extra_dejson if self.pcluster_conn_id else {}
+            self._settings = self._settings_from_extra(extra)
+        return self._settings
+
+    async def _aget_settings(self) -> dict[str, Any]:
+        # Triggers run in the triggerer's event loop: the sync connection lookup would block it.
+        if self._settings is None:
+            extra = {}
+            if self.pcluster_conn_id:
+                extra = (await self.aget_connection(self.pcluster_conn_id)).extra_dejson
+            self._settings = self._settings_from_extra(extra)
+        return self._settings
+
+    def get_conn(self) -> dict[str, Any]:
+        return self._get_settings()
+
+    @property
+    def region_name(self) -> str | None:
+        return self._get_settings()["region"]
+
+    # --- invocation ---------------------------------------------------------------------------
+    @staticmethod
+    def _argv(settings: dict[str, Any], verb: str, args: list[str]) -> list[str]:
+        argv = [settings["binary"], verb, *args]
+        if settings["region"]:
+            argv += ["--region", settings["region"]]
+        return argv
+
+    def _run(self, verb: str, *args: str) -> dict:
+        settings = self._get_settings()
+        argv = self._argv(settings, verb, list(args))
+        self.log.info("Running: %s", " ".join(argv))
+        try:
+            completed = subprocess.run(
+                argv, capture_output=True, text=True, env=settings["env"], timeout=self.cli_timeout, check=False
+            )
+        except subprocess.TimeoutExpired as err:
+            raise PclusterError(f"pcluster {verb} did not finish within {self.cli_timeout}s") from err
+        return parse_cli_result(completed.returncode, completed.stdout, completed.stderr)
+
+    async def _arun(self, verb: str, *args: str) -> dict:
+        settings = await self._aget_settings()
+        argv = self._argv(settings, verb, list(args))
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=settings["env"]
+        )
+        try:
+            stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=self.cli_timeout)
+        except asyncio.TimeoutError as err:
+            await self._akill(process)
+            raise PclusterError(f"pcluster {verb} did not finish within {self.cli_timeout}s") from err
+        except asyncio.CancelledError:
+            # A cancelled trigger must not leave a pcluster child behind.
+            await self._akill(process)
+            raise
+        return parse_cli_result(process.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
+
+    @staticmethod
+    async def _akill(process: asyncio.subprocess.Process) -> None:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    # --- verbs --------------------------------------------------------------------------------
+    def create_cluster(
+        self,
+        cluster_name: str,
+        config_path: str,
+        *,
+        rollback_on_failure: bool = False,
+        suppress_validators: list[str] | None = None,
+    ) -> dict:
+        """``pcluster create-cluster`` (no --wait: callers wait with a trigger)."""
+        args = [
+            "--cluster-name", cluster_name,
+            "--cluster-configuration", config_path,
+            "--rollback-on-failure", "true" if rollback_on_failure else "false",
+        ]
+        if suppress_validators:
+            args += ["--suppress-validators", *suppress_validators]
+        return self._run("create-cluster", *args)
+
+    def describe_cluster(self, cluster_name: str) -> dict:
+        return self._run("describe-cluster", "--cluster-name", cluster_name)
+
+    async def adescribe_cluster(self, cluster_name: str) -> dict:
+        return await self._arun("describe-cluster", "--cluster-name", cluster_name)
+
+    def delete_cluster(self, cluster_name: str) -> dict:
+        return self._run("delete-cluster", "--cluster-name", cluster_name)
+
+    def list_clusters(self) -> list[dict]:
+        clusters: list[dict] = []
+        token: str | None = None
+        while True:
+            page = self._run("list-clusters", *(["--next-token", token] if token else []))
+            clusters += page.get("clusters") or []
+            token = page.get("nextToken")
+            if not token:
+                return clusters
+
+    def describe_cluster_instances(self, cluster_name: str) -> list[dict]:
+        instances: list[dict] = []
+        token: str | None = None
+        while True:
+            args = ["--cluster-name", cluster_name] + (["--next-token", token] if token else [])
+            page = self._run("describe-cluster-instances", *args)
+            instances += page.get("instances") or []
+            token = page.get("nextToken")
+            if not token:
+                return instances
+
+    def describe_compute_fleet(self, cluster_name: str) -> dict:
+        return self._run("describe-compute-fleet", "--cluster-name", cluster_name)
+
+    def update_compute_fleet(self, cluster_name: str, status: str) -> dict:
+        return self._run("update-compute-fleet", "--cluster-name", cluster_name, "--status", status)

@@ -1,0 +1,493 @@
+"""create_vpc / delete_vpc: the cluster's network as a CloudFormation stack (include/cluster/vpc.yaml).
+
+Heavy imports (boto3/botocore through the amazon provider's hooks) happen inside methods: the DAG
+file imports this module at parse time.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from ultracluster.links import CloudFormationStackLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+DAG_ID_TAG = "ultracluster:dag-id"
+RUN_ID_TAG = "ultracluster:run-id"
+
+# Stack outputs (vpc.yaml) -> XCom keys.
+_OUTPUT_KEYS = {
+    "VpcId": "vpc_id",
+    "PublicSubnetId": "public_subnet_id",
+    "PrivateSubnetId": "private_subnet_id",
+    "SecurityGroupId": "security_group_id",
+    "AvailabilityZone": "availability_zone",
+}
+_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
+_IN_PROGRESS = ("CREATE_IN_PROGRESS", "UPDATE_IN_PROGRESS", "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS")
+_GONE = (None, "DELETE_COMPLETE")
+
+
+def default_vpc_template() -> str:
+    from ultracluster.profiles import include_dir
+
+    return str(include_dir() / "cluster" / "vpc.yaml")
+
+
+def _stack_tags(tags: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": str(k), "Value": str(v)} for k, v in tags.items()]
+
+
+class CreateVpcStackOperator(BaseOperator):
+    """
+    Create (or reattach to) this run's VPC stack, or adopt an existing network.
+
+    Returns ``{"owned", "stack_name", "region", "vpc_id", "public_subnet_id", "private_subnet_id",
+    "security_group_id", "availability_zone"}``. ``owned`` False means the network was given by
+    the user: delete_vpc then leaves it alone.
+
+    :param existing_network: ``{"public_subnet_id", "private_subnet_id", ["security_group_id"]}``
+        to reuse instead of creating; None creates the stack.
+    :param pipeline_checks: run ``validate_pipeline_params`` on the DAG params first, so a bad conf
+        fails before anything is created.
+    """
+
+    template_fields: Sequence[str] = (
+        "stack_name", "availability_zone_id", "existing_network", "tags", "region_name",
+    )
+    operator_extra_links = (CloudFormationStackLink(),)
+    ui_color = "#f4d8a5"
+
+    def __init__(
+        self,
+        *,
+        stack_name: str,
+        availability_zone_id: str,
+        existing_network: dict | None = None,
+        tags: dict[str, str] | None = None,
+        template_path: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        deferrable: bool = True,
+        waiter_delay: float = 15,
+        waiter_max_attempts: int = 240,
+        pipeline_checks: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stack_name = stack_name
+        self.availability_zone_id = availability_zone_id
+        self.existing_network = existing_network
+        self.tags = tags or {}
+        self.template_path = template_path
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.deferrable = deferrable
+        self.waiter_delay = waiter_delay
+        self.waiter_max_attempts = waiter_max_attempts
+        self.pipeline_checks = pipeline_checks
+
+    # --- hooks ---
+    def _cfn_hook(self):
+        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
+
+        return CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
+
+    def _ec2_client(self):
+        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+        return EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=self.region_name or None).conn
+
+    # --- execute ---
+    def execute(self, context: Context) -> dict:
+        if self.pipeline_checks:
+            from ultracluster.operators.config import validate_pipeline_params
+
+            validate_pipeline_params(dict(context["params"]))
+        network = {k: v for k, v in (self.existing_network or {}).items() if v}
+        if network:
+            return self._adopt_existing(network)
+        if not _STACK_NAME.match(self.stack_name):
+            raise ValueError(f"Invalid CloudFormation stack name {self.stack_name!r}")
+
+        hook = self._cfn_hook()
+        run_id = context["run_id"]
+        status = hook.get_stack_status(self.stack_name)
+        if status is not None:
+            self._check_owner(hook, run_id)
+            self.log.info("Stack %s of this run exists (%s): reattaching", self.stack_name, status)
+        if status in ("ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "ROLLBACK_IN_PROGRESS"):
+            hook.delete_stack(self.stack_name)
+            raise RuntimeError(
+                f"Stack {self.stack_name} failed earlier ({status}); its deletion was started. "
+                "Retry the task once it is gone."
+            )
+        if status in ("DELETE_IN_PROGRESS", "DELETE_FAILED"):
+            raise RuntimeError(f"Stack {self.stack_name} is {status}; retry once it is gone.")
+        if status is None:
+            self._create(hook, context)
+            status = hook.get_stack_status(self.stack_name)
+        CloudFormationStackLink.persist(
+            context=context, region_name=hook.region_name, stack_name=self.stack_name
+        )
+        if status in _IN_PROGRESS:
+            if self.deferrable:
+                from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+
+                self.defer(
+                    trigger=CloudFormationStackTrigger(
+                        stack_name=self.stack_name,
+                        waiter_name="stack_create_complete",
+                        aws_conn_id=self.aws_conn_id,
+                        region_name=hook.region_name,
+                        waiter_delay=self.waiter_delay,
+                        waiter_max_attempts=self.waiter_max_attempts,
+                    ),
+                    method_name="execute_complete",
+                )
+            hook.get_waiter("stack_create_complete").wait(
+                StackName=self.stack_name,
+                WaiterConfig={"Delay": self.waiter_delay, "MaxAttempts": self.waiter_max_attempts},
+            )
+            status = hook.get_stack_status(self.stack_name)
+        if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+            self._fail_and_clean_up(hook, f"stack reached {status}")
+        return self._outputs(hook)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
+        hook = self._cfn_hook()
+        if event.get("status") != "success":
+            self._fail_and_clean_up(hook, event.get("message") or str(event))
+        return self._outputs(hook)
+
+    # --- helpers ---
+    def _create(self, hook, context: Context) -> None:
+        template = Path(self.template_path or default_vpc_template()).read_text()
+        availability_zone = self._resolve_availability_zone()
+        tags = {**self.tags, DAG_ID_TAG: context["dag"].dag_id, RUN_ID_TAG: context["run_id"]}
+        self.log.info("Creating stack %s in %s (%s)", self.stack_name, availability_zone, self.availability_zone_id)
+        hook.create_stack(
+            self.stack_name,
+            {
+                "TemplateBody": template,
+                "Parameters": [
+                    {"ParameterKey": "AvailabilityZone", "ParameterValue": availability_zone},
+                    {"ParameterKey": "AvailabilityZoneId", "ParameterValue": self.availability_zone_id},
+                ],
+                "Tags": _stack_tags(tags),
+                # A failed create keeps its resources for diagnosis; this task deletes them itself.
+                "OnFailure": "DO_NOTHING",
+            },
+        )
+
+    def _resolve_availability_zone(self) -> str:
+        """AZ id (same in every account) -> this account's AZ name; a clear error when unknown."""
+        from botocore.exceptions import ClientError
+
+        try:
+            zones = self._ec2_client().describe_availability_zones(ZoneIds=[self.availability_zone_id])[
+                "AvailabilityZones"
+            ]
+        except ClientError as err:
+            raise ValueError(
+                f"Availability zone id {self.availability_zone_id!r} is not valid here: {err}"
+            ) from err
+        if not zones:
+            raise ValueError(f"Availability zone id {self.availability_zone_id!r} not found in this region")
+        return zones[0]["ZoneName"]
+
+    def _check_owner(self, hook, run_id: str) -> None:
+        stack = hook.get_conn().describe_stacks(StackName=self.stack_name)["Stacks"][0]
+        owner = {t["Key"]: t["Value"] for t in stack.get("Tags") or []}.get(RUN_ID_TAG)
+        if owner != run_id:
+            raise RuntimeError(
+                f"Stack {self.stack_name} exists but belongs to run {owner!r}, not {run_id!r}; "
+                "refusing to adopt it"
+            )
+
+    def _outputs(self, hook) -> dict:
+        stack = hook.get_conn().describe_stacks(StackName=self.stack_name)["Stacks"][0]
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs") or []}
+        result = {"owned": True, "stack_name": self.stack_name, "region": hook.region_name}
+        result.update({key: outputs.get(name) for name, key in _OUTPUT_KEYS.items()})
+        self.log.info("Network: %s", result)
+        return result
+
+    def _fail_and_clean_up(self, hook, reason: str) -> None:
+        """A teardown does not run when its setup failed: delete what this task created, then fail."""
+        try:
+            events = hook.get_conn().describe_stack_events(StackName=self.stack_name)["StackEvents"]
+            for event in events:
+                if event.get("ResourceStatus", "").endswith("FAILED"):
+                    self.log.error(
+                        "%s %s: %s", event.get("LogicalResourceId"), event.get("ResourceStatus"),
+                        event.get("ResourceStatusReason"),
+                    )
+        except Exception as err:  # diagnostics only; never mask the real failure
+            self.log.warning("Could not read stack events: %s", err)
+        leftovers = delete_stack_with_repair(hook, self._ec2_client(), self.stack_name, self.log)
+        raise RuntimeError(
+            f"Creating stack {self.stack_name} failed: {reason}. Clean-up "
+            + ("left: " + ", ".join(leftovers) if leftovers else "deleted the stack.")
+        )
+
+    def _adopt_existing(self, network: dict) -> dict:
+        """Reuse the user's subnets: check they exist and share one VPC and AZ, create nothing."""
+        from botocore.exceptions import ClientError
+
+        for key in ("public_subnet_id", "private_subnet_id"):
+            if not network.get(key):
+                raise ValueError(f"existing network needs {key} (got {sorted(network)})")
+        ec2 = self._ec2_client()
+        try:
+            subnets = ec2.describe_subnets(SubnetIds=[network["public_subnet_id"], network["private_subnet_id"]])[
+                "Subnets"
+            ]
+        except ClientError as err:
+            raise ValueError(f"Existing subnets not found: {err}") from err
+        vpcs = {s["VpcId"] for s in subnets}
+        zones = {s["AvailabilityZone"] for s in subnets}
+        if len(vpcs) != 1 or (network.get("vpc_id") and network["vpc_id"] not in vpcs):
+            raise ValueError(f"Existing subnets must be in one VPC{' ' + network['vpc_id'] if network.get('vpc_id') else ''}; got {sorted(vpcs)}")
+        if len(zones) != 1:
+            raise ValueError(f"Existing subnets must be in one availability zone (placement group); got {sorted(zones)}")
+        result = {
+            "owned": False,
+            "stack_name": None,
+            "region": self._cfn_hook().region_name,
+            "vpc_id": vpcs.pop(),
+            "public_subnet_id": network["public_subnet_id"],
+            "private_subnet_id": network["private_subnet_id"],
+            "security_group_id": network.get("security_group_id"),
+            "availability_zone": zones.pop(),
+        }
+        self.log.info("Reusing existing network (not owned by this run; delete_vpc leaves it): %s", result)
+        return result
+
+
+# --- deletion with dependency repair ---------------------------------------------------------
+
+def _stack_resources(cfn, stack_name: str) -> list[dict]:
+    from botocore.exceptions import ClientError
+
+    try:
+        paginator = cfn.get_paginator("list_stack_resources")
+        return [r for page in paginator.paginate(StackName=stack_name) for r in page["StackResourceSummaries"]]
+    except ClientError:
+        return []
+
+
+def repair_stack_dependencies(cfn, ec2, stack_name: str, log) -> list[str]:
+    """
+    Remove, through EC2, what blocks a VPC stack's deletion; return what was removed.
+
+    Only resources of this stack's VPC are touched: route table associations, non-local routes and
+    non-main route tables (moto's DependencyViolation), VPC endpoints, NAT gateways and the stack's
+    Elastic IPs. CloudFormation then deletes the rest.
+    """
+    from botocore.exceptions import ClientError
+
+    resources = _stack_resources(cfn, stack_name)
+    vpc_ids = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::EC2::VPC" and r.get("PhysicalResourceId")]
+    eip_ids = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::EC2::EIP" and r.get("PhysicalResourceId")]
+    removed: list[str] = []
+
+    def attempt(label: str, call, **kwargs) -> None:
+        try:
+            call(**kwargs)
+            removed.append(label)
+        except ClientError as err:
+            log.warning("Could not remove %s: %s", label, err)
+
+    for vpc_id in vpc_ids:
+        vpc_filter = [{"Name": "vpc-id", "Values": [vpc_id]}]
+        for endpoint in ec2.describe_vpc_endpoints(Filters=vpc_filter).get("VpcEndpoints", []):
+            attempt(f"vpc endpoint {endpoint['VpcEndpointId']}", ec2.delete_vpc_endpoints,
+                    VpcEndpointIds=[endpoint["VpcEndpointId"]])
+        for table in ec2.describe_route_tables(Filters=vpc_filter).get("RouteTables", []):
+            if any(a.get("Main") for a in table.get("Associations", [])):
+                continue  # the main table goes with the VPC
+            for association in table.get("Associations", []):
+                attempt(f"route table association {association['RouteTableAssociationId']}",
+                        ec2.disassociate_route_table, AssociationId=association["RouteTableAssociationId"])
+            for route in table.get("Routes", []):
+                if route.get("GatewayId") == "local" or "DestinationCidrBlock" not in route:
+                    continue
+                attempt(f"route {route['DestinationCidrBlock']} in {table['RouteTableId']}", ec2.delete_route,
+                        RouteTableId=table["RouteTableId"], DestinationCidrBlock=route["DestinationCidrBlock"])
+            attempt(f"route table {table['RouteTableId']}", ec2.delete_route_table, RouteTableId=table["RouteTableId"])
+        nat_ids = [
+            n["NatGatewayId"]
+            for n in ec2.describe_nat_gateways(Filters=vpc_filter).get("NatGateways", [])
+            if n.get("State") not in ("deleted", "deleting")
+        ]
+        for nat_id in nat_ids:
+            attempt(f"NAT gateway {nat_id}", ec2.delete_nat_gateway, NatGatewayId=nat_id)
+        if nat_ids:
+            # An EIP cannot be released while its NAT gateway still holds it.
+            ec2.get_waiter("nat_gateway_deleted").wait(NatGatewayIds=nat_ids, WaiterConfig={"Delay": 15, "MaxAttempts": 40})
+    for allocation_id in eip_ids:
+        if allocation_id.startswith("eipalloc-"):
+            attempt(f"elastic IP {allocation_id}", ec2.release_address, AllocationId=allocation_id)
+    log.info("Removed stack dependencies: %s", removed or "nothing")
+    return removed
+
+
+def leftover_resources(cfn, stack_name: str) -> list[str]:
+    """Resources of a stack that still exist, as 'Type id (status)'."""
+    return [
+        f"{r['ResourceType']} {r.get('PhysicalResourceId')} ({r.get('ResourceStatus')})"
+        for r in _stack_resources(cfn, stack_name)
+        if r.get("ResourceStatus") != "DELETE_COMPLETE" and r.get("PhysicalResourceId")
+    ]
+
+
+def start_stack_delete(hook, ec2, stack_name: str, log) -> bool:
+    """delete_stack, repairing dependencies once if it is refused; True when the stack is gone."""
+    from botocore.exceptions import ClientError
+
+    cfn = hook.get_conn()
+    for attempt in (1, 2):
+        status = hook.get_stack_status(stack_name)
+        if status in _GONE:
+            return True
+        try:
+            hook.delete_stack(stack_name)
+        except ClientError as err:
+            # moto refuses DeleteStack synchronously with DependencyViolation (route tables).
+            if err.response.get("Error", {}).get("Code") != "DependencyViolation" or attempt == 2:
+                raise
+            log.warning("Deleting stack %s refused: %s; removing its dependencies", stack_name, err)
+            repair_stack_dependencies(cfn, ec2, stack_name, log)
+            continue
+        return hook.get_stack_status(stack_name) in _GONE
+    return hook.get_stack_status(stack_name) in _GONE
+
+
+def delete_stack_with_repair(hook, ec2, stack_name: str, log, rounds: int = 2) -> list[str]:
+    """Synchronous delete + wait + repair rounds; returns leftovers (empty when deleted)."""
+    from botocore.exceptions import WaiterError
+
+    cfn = hook.get_conn()
+    for _ in range(rounds):
+        if start_stack_delete(hook, ec2, stack_name, log):
+            return []
+        try:
+            hook.get_waiter("stack_delete_complete").wait(
+                StackName=stack_name, WaiterConfig={"Delay": 15, "MaxAttempts": 120}
+            )
+            return []
+        except WaiterError as err:
+            log.warning("Stack %s did not delete: %s; repairing", stack_name, err)
+            repair_stack_dependencies(cfn, ec2, stack_name, log)
+    if hook.get_stack_status(stack_name) in _GONE:
+        return []
+    return leftover_resources(cfn, stack_name) or [f"stack {stack_name} ({hook.get_stack_status(stack_name)})"]
+
+
+class DeleteVpcStackOperator(BaseOperator):
+    """
+    Teardown of create_vpc: delete the run's VPC stack, waiting deferrably.
+
+    Gone already counts as success. A refused or failed deletion (DELETE_FAILED, moto's
+    DependencyViolation) gets its dependencies removed through EC2 and is retried; whatever is
+    left after ``max_repair_rounds`` is reported in the error. A network the run did not create
+    (``vpc["owned"]`` False) is left alone.
+    """
+
+    template_fields: Sequence[str] = ("vpc", "stack_name", "region_name")
+    operator_extra_links = (CloudFormationStackLink(),)
+    ui_color = "#f4d8a5"
+
+    def __init__(
+        self,
+        *,
+        vpc: dict | None = None,
+        stack_name: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        deferrable: bool = True,
+        waiter_delay: float = 15,
+        waiter_max_attempts: int = 120,
+        max_repair_rounds: int = 2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.vpc = vpc
+        self.stack_name = stack_name
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.deferrable = deferrable
+        self.waiter_delay = waiter_delay
+        self.waiter_max_attempts = waiter_max_attempts
+        self.max_repair_rounds = max_repair_rounds
+
+    def _cfn_hook(self):
+        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
+
+        return CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
+
+    def _ec2_client(self):
+        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+        return EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=self.region_name or None).conn
+
+    def _target(self) -> str | None:
+        vpc = self.vpc if isinstance(self.vpc, dict) else {}
+        if vpc and not vpc.get("owned", True):
+            return None
+        return vpc.get("stack_name") or self.stack_name
+
+    def execute(self, context: Context) -> dict:
+        stack_name = self._target()
+        if stack_name is None:
+            self.log.info("Network %s was not created by this run: left alone", (self.vpc or {}).get("vpc_id"))
+            return {"deleted": False, "stack_name": None, "reason": "not owned"}
+        return self._delete_round(context, stack_name, repair_round=0)
+
+    def _delete_round(self, context: Context, stack_name: str, repair_round: int) -> dict:
+        hook = self._cfn_hook()
+        ec2 = self._ec2_client()
+        if start_stack_delete(hook, ec2, stack_name, self.log):
+            self.log.info("Stack %s deleted", stack_name)
+            return {"deleted": True, "stack_name": stack_name}
+        if self.deferrable:
+            from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+
+            self.defer(
+                trigger=CloudFormationStackTrigger(
+                    stack_name=stack_name,
+                    waiter_name="stack_delete_complete",
+                    aws_conn_id=self.aws_conn_id,
+                    region_name=hook.region_name,
+                    waiter_delay=self.waiter_delay,
+                    waiter_max_attempts=self.waiter_max_attempts,
+                ),
+                method_name="execute_complete",
+                kwargs={"repair_round": repair_round},
+            )
+        leftovers = delete_stack_with_repair(hook, ec2, stack_name, self.log, rounds=self.max_repair_rounds)
+        if leftovers:
+            raise RuntimeError(f"Stack {stack_name} not deleted; left: {', '.join(leftovers)}")
+        return {"deleted": True, "stack_name": stack_name}
+
+    def execute_complete(self, context: Context, event: dict[str, Any], repair_round: int = 0) -> dict:
+        stack_name = event.get("stack_name") or self._target()
+        if event.get("status") == "success":
+            self.log.info("Stack %s deleted", stack_name)
+            return {"deleted": True, "stack_name": stack_name}
+        hook = self._cfn_hook()
+        self.log.warning("Deleting stack %s: %s", stack_name, event.get("message"))
+        if repair_round >= self.max_repair_rounds:
+            leftovers = leftover_resources(hook.get_conn(), stack_name)
+            raise RuntimeError(
+                f"Stack {stack_name} not deleted after {repair_round} repair rounds; left: "
+                + (", ".join(leftovers) or f"the stack ({hook.get_stack_status(stack_name)})")
+            )
+        repair_stack_dependencies(hook.get_conn(), self._ec2_client(), stack_name, self.log)
+        return self._delete_round(context, stack_name, repair_round + 1)

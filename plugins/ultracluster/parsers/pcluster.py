@@ -1,0 +1,141 @@
+"""Every parse of `pcluster` (ParallelCluster v3 CLI) output, and its typed errors.
+
+pcluster prints JSON on stdout: the result with exit 0, or an error object
+``{"message": ..., ["configurationValidationErrors": [...]]}`` with exit 1.
+Stdlib only: this module is imported at DAG parse time through the operators.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# Statuses of describe-cluster's clusterStatus (CloudFormation ROLLBACK_* shows as CREATE_FAILED).
+CREATE_IN_PROGRESS = "CREATE_IN_PROGRESS"
+CREATE_COMPLETE = "CREATE_COMPLETE"
+CREATE_FAILED = "CREATE_FAILED"
+DELETE_IN_PROGRESS = "DELETE_IN_PROGRESS"
+DELETE_FAILED = "DELETE_FAILED"
+DELETE_COMPLETE = "DELETE_COMPLETE"
+
+# pcluster's wording when a cluster is gone (or never existed).
+_NOT_FOUND = re.compile(r"does not exist", re.IGNORECASE)
+_ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
+
+# Longest stderr tail kept in an error: enough to diagnose, short enough for a log line.
+_STDERR_TAIL_CHARS = 2000
+
+
+class PclusterError(Exception):
+    """pcluster failed; ``message`` is pcluster's own text, ``payload`` its parsed JSON (or {})."""
+
+    def __init__(self, message: str, exit_code: int | None = None, payload: dict | None = None):
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+        self.payload = payload or {}
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ClusterNotFoundError(PclusterError):
+    """The cluster does not exist (or belongs to another ParallelCluster major version)."""
+
+
+class ClusterAlreadyExistsError(PclusterError):
+    """create-cluster was refused because a cluster with that name exists."""
+
+
+class ClusterValidationError(PclusterError):
+    """pcluster rejected the configuration; details in ``configuration_validation_errors``."""
+
+    def __init__(self, message: str, exit_code: int | None = None, payload: dict | None = None):
+        super().__init__(message, exit_code, payload)
+        self.configuration_validation_errors: list[dict] = list(
+            (payload or {}).get("configurationValidationErrors") or []
+        )
+
+    def __str__(self) -> str:
+        details = "; ".join(
+            f"{e.get('level', '?')} {e.get('type', '?')}: {e.get('message', '')}"
+            for e in self.configuration_validation_errors
+        )
+        return f"{self.message} {details}".strip()
+
+
+def _decode_json(text: str) -> Any:
+    """Decode pcluster's JSON; it may print log lines before it, so fall back to the first '{'."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty output")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        start = text.find("{")
+        if start < 0:
+            raise
+        return json.loads(text[start:])
+
+
+def parse_cli_result(returncode: int, stdout: str, stderr: str) -> dict:
+    """Turn one pcluster invocation into its JSON dict, or raise the matching typed error."""
+    try:
+        payload = _decode_json(stdout)
+    except ValueError:
+        payload = None
+    if returncode == 0 and isinstance(payload, dict):
+        return payload
+    if returncode == 0:
+        raise PclusterError(
+            f"pcluster exited 0 but did not print a JSON object: {stdout[-_STDERR_TAIL_CHARS:]!r}",
+            exit_code=returncode,
+        )
+    if not isinstance(payload, dict):
+        tail = (stderr or stdout or "").strip()[-_STDERR_TAIL_CHARS:]
+        raise PclusterError(f"pcluster exited {returncode}: {tail}", exit_code=returncode)
+
+    message = str(payload.get("message") or f"pcluster exited {returncode}")
+    if payload.get("configurationValidationErrors"):
+        raise ClusterValidationError(message, returncode, payload)
+    if _NOT_FOUND.search(message):
+        raise ClusterNotFoundError(message, returncode, payload)
+    if _ALREADY_EXISTS.search(message):
+        raise ClusterAlreadyExistsError(message, returncode, payload)
+    raise PclusterError(message, returncode, payload)
+
+
+def cluster_status(description: dict) -> str:
+    """clusterStatus from describe-cluster, or create/delete's nested ``cluster`` object."""
+    cluster = description.get("cluster", description)
+    return str(cluster.get("clusterStatus") or "")
+
+
+def stack_status(description: dict) -> str:
+    """CloudFormation status; describe-cluster spells it cloudFormation..., create/delete cloudformation..."""
+    cluster = description.get("cluster", description)
+    return str(cluster.get("cloudFormationStackStatus") or cluster.get("cloudformationStackStatus") or "")
+
+
+def stack_arn(description: dict) -> str | None:
+    cluster = description.get("cluster", description)
+    return cluster.get("cloudformationStackArn")
+
+
+def tags_dict(description: dict) -> dict[str, str]:
+    """describe-cluster tags ``[{key, value}]`` as a dict."""
+    return {t["key"]: t.get("value", "") for t in description.get("tags") or [] if "key" in t}
+
+
+def failures(description: dict) -> list[dict]:
+    """failures[] of a CREATE_FAILED cluster (pcluster >= 3.5), else the legacy failureReason."""
+    found = list(description.get("failures") or [])
+    if not found and description.get("failureReason"):
+        found = [{"failureCode": "Unknown", "failureReason": description["failureReason"]}]
+    return found
+
+
+def head_node_address(description: dict) -> str | None:
+    """Public IP of the head node (the SSH target), else its private IP."""
+    head = description.get("headNode") or {}
+    return head.get("publicIpAddress") or head.get("privateIpAddress")
