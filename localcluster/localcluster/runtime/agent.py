@@ -1,0 +1,145 @@
+"""Per-cluster agent (the local clustermgtd): injects the kill-node and ssh-outage faults.
+
+Run as `python -m localcluster.runtime.agent CLUSTER_DIR`; exits once every fault has played out.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from . import sshd
+from .nodes import kill_node_processes, read_daemons, read_node_state, start_slurmd, utc_now_iso
+from .paths import ClusterPaths
+from .procs import kill_pids, pid_alive
+from .runtime_state import cluster_paths, find_node, load_runtime
+from .slurmcmd import expand_hostlist, set_node_state, slurm
+
+POLL_S = 0.5
+KILLED_REASON = "Node failure: instance terminated"
+
+
+def log(message: str) -> None:
+    print(f"{utc_now_iso()} {message}", flush=True)
+
+
+def _running_jobs(paths: ClusterPaths) -> list[tuple[str, float, str]]:
+    """(job id, start epoch, nodelist) of running jobs, oldest first."""
+    out = slurm(paths, "squeue", "-h", "-t", "R", "-o", "%i|%S|%N", check=False, timeout=10)
+    jobs = []
+    for line in out.splitlines():
+        job_id, start, nodelist = (line.split("|") + ["", ""])[:3]
+        try:
+            started = datetime.strptime(start, "%Y-%m-%dT%H:%M:%S").timestamp()  # local time, as Slurm prints
+        except ValueError:
+            continue
+        if nodelist:
+            jobs.append((job_id, started, nodelist))
+    return sorted(jobs, key=lambda j: j[1])
+
+
+class KillNodeFault:
+    """Kill the first compute node running a job, `after` seconds after that job started; once."""
+
+    def __init__(self, paths: ClusterPaths, after: float) -> None:
+        self.paths, self.after = paths, after
+        self.target: tuple[str, float, str] | None = None
+        self.done = False
+
+    def step(self) -> None:
+        if self.done:
+            return
+        if self.target is None:
+            jobs = _running_jobs(self.paths)
+            if not jobs:
+                return
+            job_id, started, nodelist = jobs[0]
+            self.target = (job_id, started, expand_hostlist(self.paths, nodelist)[0])
+            log(f"kill-node: job {job_id} runs on {self.target[2]}; killing it {self.after}s after start")
+        job_id, started, node = self.target
+        if time.time() < started + self.after:
+            return
+        self.done = True
+        state = read_node_state(self.paths, node)
+        killed = kill_node_processes(state.uts_ns, state.pid, grace=0.0)
+        log(f"kill-node: killed {node} (job {job_id}): pids {killed}")
+        # What clustermgtd does when an instance disappears: the scheduler learns at once.
+        set_node_state(self.paths, [node], "DOWN", KILLED_REASON)
+        self._replace(node)
+
+    def _replace(self, node: str) -> None:
+        runtime = load_runtime(self.paths)
+        if find_node(runtime, node).dynamic:
+            # A dead dynamic node is powered down and can be launched again later.
+            set_node_state(self.paths, [node], "POWER_DOWN_FORCE")
+            log(f"kill-node: powered down {node}")
+            return
+        time.sleep(float(runtime["faults"].get("boot_delay") or 0))
+        start_slurmd(self.paths, node, runtime["mount_dirs"], fresh_boot=True)
+        log(f"kill-node: replaced static node {node}")
+
+
+class SshOutageFault:
+    """Stop sshd `after` seconds after the cluster became ready; start it again `duration` later."""
+
+    def __init__(self, paths: ClusterPaths, ready_epoch: float, after: float, duration: float) -> None:
+        self.paths = paths
+        self.down_at, self.up_at = ready_epoch + after, ready_epoch + after + duration
+        self.state = "before"
+
+    @property
+    def done(self) -> bool:
+        return self.state == "after"
+
+    def step(self) -> None:
+        now = time.time()
+        if self.state == "before" and now >= self.down_at:
+            pid = read_daemons(self.paths).get("sshd", {}).get("pid")
+            if pid and pid_alive(pid):
+                kill_pids([pid])
+            log(f"ssh-outage: sshd {pid} stopped")
+            self.state = "down"
+        if self.state == "down" and now >= self.up_at:
+            runtime = load_runtime(self.paths)
+            head = runtime["head_node"]
+            launched = sshd.start_sshd(self.paths, head["hostname"], head["ip"], head["ssh_port"],
+                                       runtime["mount_dirs"])
+            log(f"ssh-outage: sshd restarted as {launched.pid}")
+            self.state = "after"
+
+
+def run(cluster_dir: Path) -> int:
+    paths = cluster_paths(cluster_dir)
+    runtime = load_runtime(paths)
+    faults = runtime["faults"]
+    active: list[KillNodeFault | SshOutageFault] = []
+    if faults.get("kill_node_after") is not None:
+        active.append(KillNodeFault(paths, float(faults["kill_node_after"])))
+    if faults.get("ssh_outage"):
+        after, duration = faults["ssh_outage"]
+        active.append(SshOutageFault(paths, float(runtime["ready_at_epoch"] or time.time()), after, duration))
+    log(f"agent for {runtime['cluster_name']}: {len(active)} fault(s)")
+    while any(not f.done for f in active):
+        if not paths.runtime_json.exists():
+            return 0
+        for fault in active:
+            try:
+                fault.step()
+            except (subprocess.SubprocessError, OSError, KeyError, ValueError) as exc:
+                log(f"{type(fault).__name__}: {exc!r}")
+        time.sleep(POLL_S)
+    log("agent: all faults done")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    return run(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

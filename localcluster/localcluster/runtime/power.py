@@ -1,0 +1,87 @@
+"""Slurm ResumeProgram / SuspendProgram: power dynamic nodes up and down (pcluster's resume/suspend).
+
+Called by slurmctld as `python -m localcluster.runtime.power resume|suspend CLUSTER_DIR HOSTLIST`.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .nodes import NodeState, new_instance_id, read_node_state, start_slurmd, stop_slurmd, utc_now_iso, write_node_state
+from .paths import ClusterPaths
+from .runtime_state import cluster_paths, find_node, load_runtime
+from .slurmcmd import expand_hostlist, set_node_state
+
+ICE_REASON = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
+
+
+def clear_signal_mask() -> None:
+    # slurmctld starts us with signals blocked; a slurmd inheriting that mask never registers.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
+def capacity_denied(runtime: dict, resource: str) -> bool:
+    denied = runtime["faults"].get("insufficient_capacity") or []
+    return "*" in denied or resource in denied
+
+
+def log(paths: ClusterPaths, message: str) -> None:
+    with open(paths.logs / "power.log", "a") as out:
+        out.write(f"{utc_now_iso()} {message}\n")
+
+
+def resume(paths: ClusterPaths, hostlist: str) -> None:
+    runtime = load_runtime(paths)
+    names = expand_hostlist(paths, hostlist)
+    denied = [n for n in names if capacity_denied(runtime, find_node(runtime, n).resource)]
+    if denied:
+        log(paths, f"resume {','.join(denied)}: insufficient capacity")
+        set_node_state(paths, denied, "DOWN", ICE_REASON)
+    for name in names:
+        if name in denied:
+            continue
+        log(paths, f"resume {name}: booting")
+        write_node_state(paths, NodeState(name=name, state="booting", instance_id=new_instance_id(),
+                                          launch_time=utc_now_iso()))
+        # Boot in the background: slurmctld waits for ResumeProgram, not for the node.
+        subprocess.Popen([sys.executable, "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+
+
+def boot(paths: ClusterPaths, name: str) -> None:
+    runtime = load_runtime(paths)
+    booting = read_node_state(paths, name)
+    time.sleep(float(runtime["faults"].get("boot_delay") or 0))
+    if read_node_state(paths, name).state != "booting":
+        return   # suspended or torn down while booting
+    state = start_slurmd(paths, name, runtime["mount_dirs"], fresh_boot=True)
+    if booting.instance_id:
+        state.instance_id, state.launch_time = booting.instance_id, booting.launch_time
+        write_node_state(paths, state)
+    log(paths, f"boot {name}: slurmd pid {state.pid}")
+
+
+def suspend(paths: ClusterPaths, hostlist: str) -> None:
+    for name in expand_hostlist(paths, hostlist):
+        stopped = stop_slurmd(paths, name)
+        log(paths, f"suspend {name}: stopped {stopped}")
+
+
+def main(argv: list[str]) -> int:
+    clear_signal_mask()
+    action, cluster_dir, arg = argv[0], Path(argv[1]), argv[2]
+    paths = cluster_paths(cluster_dir)
+    try:
+        {"resume": resume, "suspend": suspend, "boot": boot}[action](paths, arg)
+    except Exception as exc:  # slurmctld only sees the exit code: keep the reason in our log
+        log(paths, f"{action} {arg} failed: {exc!r}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,165 @@
+"""provision(): turn a ClusterSpec into running daemons (blocking)."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..spec import ClusterSpec
+from . import accounting, munge, sshd
+from .errors import RuntimeProvisionError
+from .layout import ComputeNode, compute_nodes, count_compute_nodes, head_hostname, hosts_file_text
+from .nodes import head_launch, new_instance_id, start_slurmd, utc_now_iso
+from .paths import ClusterPaths, ssh_port, ssh_user
+from .procs import wait_listening
+from .runtime_state import cluster_paths, save_runtime
+from .slots import Slot, allocate_slot
+from .slurmcmd import wait_nodes_state
+from .slurmconf import render_slurm_conf, render_slurmdbd_conf, slurm_cluster_name
+from .users import prepare_shared_home
+
+NODE_READY_TIMEOUT_S = 60.0
+
+
+def provision(spec: ClusterSpec, cluster_dir: Path) -> dict:
+    paths = cluster_paths(cluster_dir)
+    started = time.monotonic()
+    try:
+        runtime = _provision(spec, paths)
+    except Exception as exc:
+        from .teardown import stop_cluster_processes, release_cluster
+        stop_cluster_processes(paths)
+        release_cluster(paths, spec.name)
+        if isinstance(exc, RuntimeProvisionError):
+            raise
+        raise RuntimeProvisionError(f"provisioning {spec.name} failed: {exc}") from exc
+    runtime["bring_up_seconds"] = round(time.monotonic() - started, 3)
+    save_runtime(paths, runtime)
+    _start_agent_if_needed(paths, spec)
+    return runtime
+
+
+def _check_traversable(path: Path) -> None:
+    """Slurm jobs and ssh sessions run as the cluster user and must reach files under cluster_dir."""
+    for part in [path, *path.parents]:
+        mode = part.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            raise RuntimeProvisionError(f"{part} is not searchable by other users (chmod o+x); "
+                                        "the cluster user must reach the cluster's files")
+
+
+def _make_dirs(paths: ClusterPaths, spec: ClusterSpec) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.root.chmod(0o755)
+    _check_traversable(paths.root)
+    for directory in (paths.etc, paths.slurm_conf.parent, paths.run, paths.nodes_state, paths.logs,
+                      paths.spool, paths.bin, paths.shared_home):
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o755)
+    for mount_dir in spec.mount_dirs:
+        shared = paths.shared_mount(mount_dir)
+        shared.mkdir(parents=True, exist_ok=True)
+        # Scratch-like shared storage every cluster user can write to.
+        shared.chmod(0o1777)
+
+
+def _write_power_scripts(paths: ClusterPaths) -> None:
+    for action in ("resume", "suspend"):
+        script = paths.bin / action
+        script.write_text(f"#!/bin/sh\nexec {sys.executable} -m localcluster.runtime.power {action} "
+                          f"{paths.root} \"$@\"\n")
+        script.chmod(0o755)
+
+
+def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: str,
+                 nodes: list[ComputeNode]) -> dict:
+    return {
+        "cluster_name": spec.name,
+        "slot": slot.index,
+        "head_node": {"hostname": head_name, "ip": slot.head_ip, "ssh_port": ssh_port(),
+                      "instance_id": new_instance_id(), "launch_time": utc_now_iso(), "state": "running",
+                      "instance_type": spec.head_instance_type},
+        "ssh_user": ssh_user(),
+        "slurm": {"cluster_name": slurm_cluster_name(spec.name), "conf": str(paths.slurm_conf),
+                  "slurmctld_port": slot.slurmctld_port,
+                  "slurmdbd_port": slot.slurmdbd_port if spec.accounting else None,
+                  "munge_socket": str(paths.munge_socket),
+                  "slurmd_ports": {n.name: n.port for n in nodes}},
+        "accounting": spec.accounting,
+        "mount_dirs": list(spec.mount_dirs),
+        "shared_dirs": {"/home": str(paths.shared_home),
+                        **{d: str(paths.shared_mount(d)) for d in spec.mount_dirs}},
+        "nodes": [n.to_dict() for n in nodes],
+        "faults": {"insufficient_capacity": list(spec.faults.insufficient_capacity),
+                   "kill_node_after": spec.faults.kill_node_after,
+                   "ssh_outage": list(spec.faults.ssh_outage) if spec.faults.ssh_outage else None,
+                   "boot_delay": spec.faults.boot_delay},
+        "compute_fleet_status": "RUNNING",
+        "ready_at": None,
+        "ready_at_epoch": None,
+    }
+
+
+def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
+    _make_dirs(paths, spec)
+    slot = allocate_slot(paths.home, spec.name, count_compute_nodes(spec), ssh_port())
+    head_name = head_hostname(slot)
+    nodes = compute_nodes(spec, slot)
+    runtime = _runtime_doc(spec, paths, slot, head_name, nodes)
+    save_runtime(paths, runtime)
+    paths.hosts_file.write_text(hosts_file_text(head_name, slot.head_ip, nodes))
+    paths.hosts_file.chmod(0o644)
+    mounts = list(spec.mount_dirs)
+
+    munge.create_munge_key(paths)
+    munge.start_munged(paths)
+
+    acct = None
+    if spec.accounting:
+        acct = accounting.create_cluster_database(paths.home, spec.name)
+        paths.slurmdbd_conf.write_text(render_slurmdbd_conf(paths, slot, head_name, acct))
+        paths.slurmdbd_conf.chmod(0o600)
+        dbd = head_launch(paths, head_name, "slurmdbd", ["/usr/sbin/slurmdbd", "-D"], mounts,
+                          extra_env={"SLURM_CONF": str(paths.slurm_conf)})
+        if not wait_listening(slot.head_ip, slot.slurmdbd_port, timeout=30, pid=dbd.pid):
+            raise RuntimeProvisionError(f"slurmdbd did not start; see {paths.logs}/slurmdbd.log")
+
+    paths.slurm_conf.write_text(render_slurm_conf(spec, paths, slot, head_name, nodes, acct))
+    paths.slurm_conf.chmod(0o644)
+    _write_power_scripts(paths)
+    (paths.spool / "slurmctld").mkdir(exist_ok=True)
+    ctld = head_launch(paths, head_name, "slurmctld",
+                       ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(paths.slurm_conf)], mounts)
+    if not wait_listening(slot.head_ip, slot.slurmctld_port, timeout=30, pid=ctld.pid):
+        raise RuntimeProvisionError(f"slurmctld did not start; see {paths.logs}/slurmctld.log")
+
+    static = [n for n in nodes if not n.dynamic]
+    for node in static:
+        start_slurmd(paths, node.name, mounts, fresh_boot=False)
+    if static and not wait_nodes_state(paths, [n.name for n in static], {"idle"}, NODE_READY_TIMEOUT_S):
+        raise RuntimeProvisionError(f"static nodes did not become idle; see {paths.logs}/slurmd-*.log")
+
+    user = ssh_user()
+    prepare_shared_home(paths, user)
+    sshd.create_host_key(paths)
+    sshd.install_authorized_key(paths, spec.key_name)
+    sshd.write_sshd_config(paths, slot.head_ip, ssh_port(), user)
+    sshd.start_sshd(paths, head_name, slot.head_ip, ssh_port(), mounts)
+
+    runtime["ready_at"] = utc_now_iso()
+    runtime["ready_at_epoch"] = time.time()
+    return runtime
+
+
+def _start_agent_if_needed(paths: ClusterPaths, spec: ClusterSpec) -> None:
+    if spec.faults.kill_node_after is None and spec.faults.ssh_outage is None:
+        return
+    from .nodes import Launched, record_daemon
+    with open(paths.logs / "agent.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "localcluster.runtime.agent", str(paths.root)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True, env=dict(os.environ))
+    record_daemon(paths, "agent", Launched(pid=proc.pid, uts_ns=0, mnt_ns=0))

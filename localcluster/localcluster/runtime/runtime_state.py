@@ -1,0 +1,39 @@
+"""runtime.json: what provision() built, read by every other entry point."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..spec import ClusterSpec
+from .layout import ComputeNode
+from .paths import ClusterPaths
+
+
+def load_runtime(paths: ClusterPaths) -> dict:
+    return json.loads(paths.runtime_json.read_text())
+
+
+def save_runtime(paths: ClusterPaths, runtime: dict) -> None:
+    tmp = paths.runtime_json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(runtime, indent=2))
+    os.replace(tmp, paths.runtime_json)
+
+
+def load_spec(paths: ClusterPaths) -> ClusterSpec:
+    return ClusterSpec.from_dict(json.loads(paths.spec_json.read_text()))
+
+
+def runtime_nodes(runtime: dict) -> list[ComputeNode]:
+    return [ComputeNode(**n) for n in runtime["nodes"]]
+
+
+def find_node(runtime: dict, name: str) -> ComputeNode:
+    for node in runtime_nodes(runtime):
+        if node.name == name:
+            return node
+    raise KeyError(name)
+
+
+def cluster_paths(cluster_dir: Path) -> ClusterPaths:
+    return ClusterPaths(Path(cluster_dir).resolve())

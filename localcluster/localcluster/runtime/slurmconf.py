@@ -1,0 +1,127 @@
+"""slurm.conf / slurmdbd.conf for one cluster, shaped like the ones ParallelCluster writes."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..spec import ClusterSpec
+from .layout import ComputeNode
+from .paths import ClusterPaths
+from .slots import Slot
+
+CPUS_PER_NODE = 2            # what this machine has; every node advertises the same
+RESUME_TIMEOUT_S = 120       # pcluster uses 1800 s; a local boot takes boot_delay + ~1 s
+SUSPEND_TIMEOUT_S = 5        # how long a node stays "powering down" (idle%) before it is idle~ again
+SLURMD_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Accounting:
+    db_host: str
+    db_port: int
+    db_user: str
+    db_password: str
+    db_name: str
+
+
+def slurm_cluster_name(name: str) -> str:
+    """Slurm lowercases ClusterName; keep it a plain identifier."""
+    return re.sub(r"[^a-z0-9_]", "_", name.lower())
+
+
+def suspend_time_seconds(idletime_min: float) -> int:
+    return max(1, int(math.ceil(idletime_min * 60)))
+
+
+def _node_line(node: ComputeNode) -> str:
+    features = ",".join(["dynamic" if node.dynamic else "static", node.instance_type, node.resource])
+    state = "CLOUD" if node.dynamic else "UNKNOWN"
+    return (f"NodeName={node.name} NodeAddr={node.ip} NodeHostname={node.name} Port={node.port} "
+            f"CPUs={CPUS_PER_NODE} State={state} Feature={features}")
+
+
+def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: str,
+                      nodes: list[ComputeNode], accounting: Accounting | None) -> str:
+    static = [n.name for n in nodes if not n.dynamic]
+    lines = [
+        f"# Local UltraCluster {spec.name} (slot {slot.index})",
+        f"ClusterName={slurm_cluster_name(spec.name)}",
+        f"SlurmctldHost={head_name}({slot.head_ip})",
+        f"SlurmctldPort={slot.slurmctld_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={paths.munge_socket}",
+        f"StateSaveLocation={paths.spool}/slurmctld",
+        f"SlurmdSpoolDir={paths.spool}/slurmd-%n",
+        f"SlurmctldPidFile={paths.pid_file('slurmctld')}",
+        f"SlurmdPidFile={paths.run}/slurmd-%n.pid",
+        f"SlurmctldLogFile={paths.logs}/slurmctld.log",
+        f"SlurmdLogFile={paths.logs}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+        # One hop from slurmctld to every node, as pcluster configures for cloud nodes.
+        "TreeWidth=65533",
+        "CommunicationParameters=NoAddrCache",
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+        # A killed node ends its job as NODE_FAIL instead of silently requeueing it.
+        "JobRequeue=0",
+        "PrivateData=cloud",
+        f"ResumeProgram={paths.bin}/resume",
+        f"SuspendProgram={paths.bin}/suspend",
+        f"ResumeTimeout={RESUME_TIMEOUT_S}",
+        f"SuspendTimeout={SUSPEND_TIMEOUT_S}",
+        f"SuspendTime={suspend_time_seconds(spec.scaledown_idletime_min)}",
+        "ResumeRate=0",
+        "SuspendRate=0",
+        "SlurmctldParameters=idle_on_node_suspend,power_save_interval=1",
+    ]
+    if static:
+        lines.append("SuspendExcNodes=" + ",".join(static))
+    if accounting is None:
+        lines += ["JobCompType=jobcomp/filetxt", f"JobCompLoc={paths.logs}/jobcomp.log"]
+    else:
+        lines += [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            f"AccountingStorageHost={head_name}",
+            f"AccountingStoragePort={slot.slurmdbd_port}",
+            # slurmctld authenticates to slurmdbd through this munge socket.
+            f"AccountingStoragePass={paths.munge_socket}",
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherFrequency=30",
+        ]
+    lines += [_node_line(n) for n in nodes]
+    for i, queue in enumerate(spec.queues):
+        members = [n.name for n in nodes if n.queue == queue.name]
+        default = "YES" if i == 0 else "NO"
+        lines.append(f"PartitionName={queue.name} Nodes={','.join(members)} Default={default} "
+                     "MaxTime=INFINITE State=UP OverSubscribe=NO")
+    return "\n".join(lines) + "\n"
+
+
+def render_slurmdbd_conf(paths: ClusterPaths, slot: Slot, head_name: str, accounting: Accounting) -> str:
+    lines = [
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={paths.munge_socket}",
+        f"DbdHost={head_name}",
+        f"DbdAddr={slot.head_ip}",
+        f"DbdPort={slot.slurmdbd_port}",
+        "SlurmUser=root",
+        f"PidFile={paths.pid_file('slurmdbd')}",
+        f"LogFile={paths.logs}/slurmdbd.log",
+        "StorageType=accounting_storage/mysql",
+        f"StorageHost={accounting.db_host}",
+        f"StoragePort={accounting.db_port}",
+        f"StorageUser={accounting.db_user}",
+        f"StoragePass={accounting.db_password}",
+        f"StorageLoc={accounting.db_name}",
+    ]
+    return "\n".join(lines) + "\n"
