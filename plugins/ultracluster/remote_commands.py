@@ -75,7 +75,9 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
-def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+def slurm_job_name(
+    dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None
+) -> str:
     """Deterministic, shell- and Slurm-safe job name for one task of one run.
 
     The readable part is sanitised and cut; the hash of the exact ids keeps two runs (or two
@@ -83,7 +85,7 @@ def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1) 
     """
     identity = f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    readable = _JOB_NAME_UNSAFE.sub("_", f"{dag_id}.{task_id}").strip("._-") or "task"
+    readable = _JOB_NAME_UNSAFE.sub("_", label or f"{dag_id}.{task_id}").strip("._-") or "task"
     readable = readable[: JOB_NAME_MAX - len(digest) - 4]
     return f"uc.{readable}.{digest}"
 

@@ -1,0 +1,293 @@
+"""parallel_compile and train: one Slurm batch job on the cluster, waited for deferrably.
+
+Idempotency: the job name is derived from dag_id/run_id/task_id (+ map index) and the run id goes
+in ``--comment``. Before submitting, the operator looks for the job id kept in the task state store,
+then for a live or recently finished job of that name (``squeue --states all``), and reattaches to
+it; only a failed earlier job (or none) leads to a new submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
+
+from ultracluster import remote_commands
+from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from ultracluster.hooks.slurm import JobStatus, SlurmHook
+
+DEFAULT_RUN_SCRIPT = "run_dp_bert_large_hf_pretrain_bf16_s128.sh"
+# Key in the task state store; renaming it breaks reattach for in-flight retries.
+STATE_KEY_JOB_ID = "slurm_job_id"
+STATE_KEY_LOG_OFFSET = "slurm_log_offset"
+
+
+def _newest(jobs: Sequence[Any]) -> Any | None:
+    def job_number(job: Any) -> int:
+        head = str(job.job_id).split("_", 1)[0]
+        return int(head) if head.isdigit() else -1
+
+    return max(jobs, key=job_number, default=None)
+
+
+class SlurmJobOperator(BaseOperator):
+    """Submit ``sbatch --exclusive --nodes N --wrap "srun [launcher] <run script>"`` and wait for it.
+
+    :param head_node: the dict wait_for_fleet returned (address, pinned host key, partition).
+    :param job_dir: job directory on shared storage; the training files are copied here.
+    :param num_nodes: nodes for the job.
+    :param job_env: environment for the run script (training job contract).
+    :param launcher: program srun runs the script under (``neuron_parallel_compile``); when it is
+        missing on the node the script runs with ``launcher_fallback_env`` instead.
+    :param training_files_dir: local directory (include/training) copied into ``job_dir``.
+    :param job_name: readable part of the Slurm job name (a hash of dag/run/task ids is appended).
+    :param ssh_conn_id: SSH connection of the head node.
+    :param deferrable: wait in the triggerer (default) instead of a worker slot.
+    :param poll_interval: seconds between Slurm polls.
+    :param partition: Slurm partition (queue); defaults to ``head_node["partition"]``.
+    :param outage_timeout: seconds the head node may be unreachable while waiting.
+    :param time_limit_minutes: Slurm ``--time``; None leaves the partition's limit.
+    """
+
+    template_fields: Sequence[str] = (
+        "head_node", "job_dir", "num_nodes", "job_env", "launcher", "training_files_dir", "job_name", "partition",
+    )
+    ui_color = "#d4e6f1"
+
+    def __init__(
+        self,
+        *,
+        head_node: dict[str, Any] | str,
+        job_dir: str,
+        num_nodes: int | str,
+        job_env: Mapping[str, str] | None = None,
+        launcher: str | None = None,
+        training_files_dir: str | None = None,
+        job_name: str | None = None,
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
+        deferrable: bool = True,
+        poll_interval: float = 30,
+        partition: str | None = None,
+        run_script: str = DEFAULT_RUN_SCRIPT,
+        launcher_fallback_env: Mapping[str, str] | None = None,
+        outage_timeout: float = 900,
+        time_limit_minutes: int | None = None,
+        log_tail_lines: int = 40,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.head_node = head_node
+        self.job_dir = job_dir
+        self.num_nodes = num_nodes
+        self.job_env = dict(job_env or {})
+        self.launcher = launcher
+        self.training_files_dir = training_files_dir
+        self.job_name = job_name
+        self.ssh_conn_id = ssh_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.partition = partition
+        self.run_script = run_script
+        self.launcher_fallback_env = dict(launcher_fallback_env if launcher_fallback_env is not None else {"COMPILE_ONLY": "1"})
+        self.outage_timeout = outage_timeout
+        self.time_limit_minutes = time_limit_minutes
+        self.log_tail_lines = log_tail_lines
+        self._job_id: str | None = None
+        self._hook: SlurmHook | None = None
+
+    # --------------------------------------------------------------------------- helpers
+
+    @property
+    def hook(self) -> SlurmHook:
+        if self._hook is None:
+            from ultracluster.hooks.slurm import SlurmHook
+
+            self._hook = SlurmHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
+        return self._hook
+
+    def _log_path(self, job_id: str) -> str:
+        return posixpath.join(self.job_dir, f"slurm-{job_id}.out")
+
+    def _output_root(self) -> str:
+        return self.job_env.get("OUTPUT_ROOT") or self.job_dir
+
+    def _validate(self) -> None:
+        """Bad input fails here, before anything is submitted."""
+        if not isinstance(self.head_node, Mapping):
+            raise ValueError(f"head_node must be the dict wait_for_fleet returns, got {type(self.head_node).__name__}")
+        try:
+            self.num_nodes = int(self.num_nodes)
+        except (TypeError, ValueError):
+            raise ValueError(f"num_nodes must be an integer, got {self.num_nodes!r}") from None
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        if not posixpath.isabs(self.job_dir):
+            raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
+        self.job_env = {str(k): str(v) for k, v in self.job_env.items()}
+        self.job_env.setdefault("OUTPUT_ROOT", self.job_dir)
+        # Building the command validates env names and values without running anything.
+        self._sbatch_args("validate", "validate")
+        if self.training_files_dir is not None:
+            script = os.path.join(self.training_files_dir, self.run_script)
+            if not os.path.isfile(script):
+                raise ValueError(f"Run script {script} not found (training_files_dir={self.training_files_dir!r})")
+
+    def _slurm_job_name(self, context: Context) -> str:
+        ti = context["ti"]
+        return remote_commands.slurm_job_name(
+            ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), label=self.job_name
+        )
+
+    def _sbatch_args(self, job_name: str, run_id: str) -> dict[str, Any]:
+        args = dict(
+            job_dir=self.job_dir,
+            script_path=posixpath.join(self.job_dir, self.run_script),
+            num_nodes=self.num_nodes,
+            job_name=job_name,
+            comment=f"ultracluster run_id={run_id}",
+            job_env=self.job_env,
+            launcher=self.launcher,
+            launcher_fallback_env=self.launcher_fallback_env,
+            partition=self.partition or self.head_node.get("partition"),
+            time_limit_minutes=self.time_limit_minutes,
+        )
+        remote_commands.sbatch(**args)
+        return args
+
+    # ----------------------------------------------------------------------- reattach/submit
+
+    def _reattachable(self, status: JobStatus | None) -> bool:
+        return status is not None and (not status.terminal or status.succeeded)
+
+    def find_existing_job(self, context: Context, job_name: str) -> str | None:
+        """A job of this task to reattach to: stored id first, then by name. None: submit."""
+        from ultracluster.parsers import slurm as parse
+
+        store = context.get("task_state_store")
+        stored = store.get(STATE_KEY_JOB_ID) if store is not None else None
+        if stored:
+            status = self.hook.job_status(str(stored), self.job_dir)
+            if self._reattachable(status):
+                self.log.info("Reattaching to Slurm job %s from the task state store (%s)", stored, status.state)
+                return str(stored)
+            self.log.info("Stored Slurm job %s ended %s; submitting a new one", stored, status.state)
+        candidates = [
+            job for job in self.hook.squeue_by_name(job_name)
+            if parse.is_active(job.state) or job.state in parse.SUCCESS_STATES
+        ]
+        if newest := _newest(candidates):
+            self.log.info("Reattaching to Slurm job %s (%s) found by name %s", newest.job_id, newest.state, job_name)
+            return newest.job_id
+        return None
+
+    def copy_training_files(self) -> None:
+        """Copy include/training into the job directory (temp name + rename: safe to repeat)."""
+        head_node_hook = self.hook.head_node_hook
+        head_node_hook.check(remote_commands.make_dirs(self.job_dir, self._output_root()))
+        if self.training_files_dir is None:
+            return
+        for entry in sorted(os.listdir(self.training_files_dir)):
+            local = os.path.join(self.training_files_dir, entry)
+            if not os.path.isfile(local) or entry.startswith("."):
+                continue
+            mode = 0o755 if entry.endswith((".sh", ".py")) else 0o644
+            head_node_hook.put_file(local, posixpath.join(self.job_dir, entry), mode=mode)
+        self.log.info("Copied %s to %s", self.training_files_dir, self.job_dir)
+
+    def submit(self, context: Context, job_name: str) -> str:
+        self.copy_training_files()
+        job_id = self.hook.sbatch(**self._sbatch_args(job_name, context["ti"].run_id))
+        self.log.info("Submitted Slurm job %s (%s, %d node(s)); log %s", job_id, job_name, self.num_nodes, self._log_path(job_id))
+        return job_id
+
+    # ---------------------------------------------------------------------------- execute
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        self._validate()
+        job_name = self._slurm_job_name(context)
+        job_id = self.find_existing_job(context, job_name) or self.submit(context, job_name)
+        self._job_id = job_id
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(STATE_KEY_JOB_ID, job_id)
+        log_offset = int(store.get(STATE_KEY_LOG_OFFSET) or 0) if store is not None else 0
+        trigger = self._trigger(job_id, log_offset)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        # Same wait logic without a triggerer: run the trigger's loop in this worker.
+        event = asyncio.run(self._first_event(trigger))
+        return self.execute_complete(context, event)
+
+    def _trigger(self, job_id: str, log_offset: int):
+        from ultracluster.triggers.slurm import SlurmJobTrigger
+
+        return SlurmJobTrigger(
+            head_node=dict(self.head_node),
+            ssh_conn_id=self.ssh_conn_id,
+            job_id=job_id,
+            job_dir=self.job_dir,
+            log_path=self._log_path(job_id),
+            log_offset=log_offset,
+            poll_interval=self.poll_interval,
+            outage_timeout=self.outage_timeout,
+        )
+
+    @staticmethod
+    async def _first_event(trigger) -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AirflowException("Slurm job trigger ended without an event")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        job_id = str(event.get("job_id"))
+        self._job_id = job_id
+        store = context.get("task_state_store")
+        if store is not None and event.get("log_offset") is not None:
+            store.set(STATE_KEY_LOG_OFFSET, int(event["log_offset"]))
+        log_path = self._log_path(job_id)
+        if event.get("status") != "success":
+            raise AirflowException(self._failure_message(event, log_path))
+        output_dir = posixpath.join(self._output_root(), f"output_{job_id}")
+        result = {
+            "job_id": job_id,
+            "state": event.get("state"),
+            "exit_code": event.get("exit_code"),
+            "output_dir": output_dir,
+            "log_path": log_path,
+            "results_path": event.get("results_path") or posixpath.join(output_dir, "results.json"),
+        }
+        self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], output_dir)
+        return result
+
+    def _failure_message(self, event: Mapping[str, Any], log_path: str) -> str:
+        state = event.get("state") or event.get("status")
+        parts = [f"Slurm job {event.get('job_id')} ended {state}"]
+        if event.get("exit_code") is not None:
+            parts.append(f"exit code {event['exit_code']}" + (f" (signal {event['signal']})" if event.get("signal") else ""))
+        if event.get("reason"):
+            parts.append(f"reason {event['reason']}")
+        if event.get("message"):
+            parts.append(str(event["message"]))
+        try:
+            tail = self.hook.tail_log(log_path, self.log_tail_lines).rstrip()
+        except Exception as err:  # the message must still go out when the head node is gone
+            tail = f"(log tail unavailable: {err})"
+        return "; ".join(parts) + f"\n--- last {self.log_tail_lines} lines of {log_path} ---\n{tail or '(empty)'}"
+
+    def on_kill(self) -> None:
+        """The worker-side wait was killed: cancel the job so it stops using the cluster."""
+        if self._job_id is None:
+            return
+        self.log.info("Task killed: scancel %s", self._job_id)
+        try:
+            self.hook.scancel(self._job_id)
+        except Exception:
+            self.log.exception("scancel %s failed", self._job_id)

@@ -1,0 +1,134 @@
+"""wait_for_fleet: the cluster is up and Slurm can run ``num_nodes`` nodes; returns the head node.
+
+The XCom value, ``{"cluster_name", "address", "host_key", "partition"}``, is what every later task
+uses to reach the head node; ``host_key`` is pinned here at first contact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import AirflowException, BaseSensorOperator, PokeReturnValue
+
+from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# Task state store key: the host key from first contact survives retries of this sensor.
+STATE_KEY_HOST_KEY = "head_node_host_key"
+
+
+class ComputeFleetSensor(BaseSensorOperator):
+    """Wait for CREATE_COMPLETE + computeFleetStatus RUNNING + enough idle/idle~ Slurm nodes.
+
+    :param cluster_name: ParallelCluster name.
+    :param num_nodes: nodes the jobs need.
+    :param queue: Slurm partition (ParallelCluster queue); None = the default partition.
+    :param pcluster_conn_id: ParallelClusterHook connection.
+    :param ssh_conn_id: SSH connection of the head node (user, key, port).
+    :param deferrable: wait in the triggerer (BaseSensorOperator in 3.3 has no such argument).
+    """
+
+    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "queue")
+    ui_color = "#e8f8f5"
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        num_nodes: int | str,
+        queue: str | None = None,
+        pcluster_conn_id: str = "pcluster_default",
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
+        poke_interval: float = 30,
+        timeout: float = 3600,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.cluster_name = cluster_name
+        self.num_nodes = num_nodes
+        self.queue = queue
+        self.pcluster_conn_id = pcluster_conn_id
+        self.ssh_conn_id = ssh_conn_id
+        self.deferrable = deferrable
+        self._host_key: str | None = None
+
+    def _validate(self) -> None:
+        try:
+            self.num_nodes = int(self.num_nodes)
+        except (TypeError, ValueError):
+            raise ValueError(f"num_nodes must be an integer, got {self.num_nodes!r}") from None
+        if self.num_nodes < 1:
+            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        if not self.cluster_name:
+            raise ValueError("cluster_name is required")
+
+    def _ssh_port(self) -> int:
+        from airflow.providers.common.compat.sdk import BaseHook
+
+        return int(BaseHook.get_connection(self.ssh_conn_id).port or 22)
+
+    def _trigger(self, context: Context):
+        from ultracluster.triggers.fleet import ComputeFleetTrigger
+
+        store = context.get("task_state_store")
+        host_key = self._host_key or (store.get(STATE_KEY_HOST_KEY) if store is not None else None)
+        return ComputeFleetTrigger(
+            cluster_name=self.cluster_name,
+            num_nodes=int(self.num_nodes),
+            queue=self.queue,
+            pcluster_conn_id=self.pcluster_conn_id,
+            ssh_conn_id=self.ssh_conn_id,
+            ssh_port=self._ssh_port(),
+            host_key=host_key,
+            poke_interval=self.poke_interval,
+        )
+
+    def execute(self, context: Context) -> Any:
+        self._validate()
+        if not self.deferrable:
+            return super().execute(context)
+        self.defer(
+            trigger=self._trigger(context),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def poke(self, context: Context) -> PokeReturnValue | bool:
+        """Worker-side wait: the trigger's checks, one round per poke."""
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+        from ultracluster.triggers.fleet import FAIL, READY
+
+        trigger = self._trigger(context)
+        verdict, reason, head_node = asyncio.run(
+            trigger.check_once(ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id))
+        )
+        self._remember_host_key(context, trigger.host_key)
+        if verdict == FAIL:
+            raise AirflowException(reason)
+        self.log.info("%s", reason)
+        return PokeReturnValue(is_done=verdict == READY, xcom_value=head_node)
+
+    def _remember_host_key(self, context: Context, host_key: str | None) -> None:
+        if host_key and host_key != self._host_key:
+            self._host_key = host_key
+            store = context.get("task_state_store")
+            if store is not None:
+                store.set(STATE_KEY_HOST_KEY, host_key)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            self._remember_host_key(context, event.get("host_key"))
+            raise AirflowException(event.get("message") or f"wait_for_fleet failed: {event}")
+        head_node = event["head_node"]
+        self._remember_host_key(context, head_node.get("host_key"))
+        self.log.info(
+            "Cluster %s ready: head node %s, partition %s. %s",
+            head_node["cluster_name"], head_node["address"], head_node.get("partition"), event.get("message"),
+        )
+        return head_node

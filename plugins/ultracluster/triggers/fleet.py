@@ -1,0 +1,197 @@
+"""Waits until a cluster can run a job of ``num_nodes`` nodes.
+
+Two gates, both re-checked every poll:
+1. describe-cluster: clusterStatus CREATE_COMPLETE (or UPDATE_COMPLETE) and computeFleetStatus RUNNING;
+2. Slurm on the head node (``sinfo``): the partition has ``num_nodes`` nodes that are idle (static)
+   or idle~ (dynamic, powered down, Slurm starts them for the job).
+It fails fast, with the reason, when waiting cannot help: CREATE_FAILED (failures[]), deletion,
+PROTECTED or stopped fleets, or too few usable nodes (down, drained) in the partition.
+
+First contact: without a pinned host key the trigger reads the head node's key once (asyncssh),
+then uses it for every later connection and returns it in its event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+WAIT, READY, FAIL = "wait", "ready", "fail"
+
+_READY_CLUSTER = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_IN_PROGRESS"}
+_WAIT_CLUSTER = {"CREATE_IN_PROGRESS"}
+_FAILED_CLUSTER = {"CREATE_FAILED", "DELETE_IN_PROGRESS", "DELETE_COMPLETE", "DELETE_FAILED", "UPDATE_FAILED"}
+_WAIT_FLEET = {"START_REQUESTED", "STARTING", "UNKNOWN", ""}
+_FAILED_FLEET = {"PROTECTED", "STOP_REQUESTED", "STOPPING", "STOPPED"}
+
+
+def evaluate_cluster(description: dict[str, Any]) -> tuple[str, str]:
+    """(verdict, reason) for a describe-cluster result."""
+    from ultracluster.parsers.pcluster import cluster_status, failures, head_node_address
+
+    status = cluster_status(description)
+    fleet = str(description.get("computeFleetStatus") or "")
+    name = description.get("clusterName", "?")
+    if status in _FAILED_CLUSTER:
+        reasons = "; ".join(
+            f"{f.get('failureCode', '?')}: {f.get('failureReason', '')}".strip() for f in failures(description)
+        )
+        return FAIL, f"Cluster {name} is {status}" + (f" ({reasons})" if reasons else "")
+    if status in _WAIT_CLUSTER or status not in _READY_CLUSTER:
+        return WAIT, f"cluster {name} is {status or 'in an unknown state'}"
+    if fleet == "PROTECTED":
+        return FAIL, (
+            f"Compute fleet of {name} is PROTECTED: ParallelCluster stopped launching nodes after repeated "
+            "bootstrap failures (check the node logs), then set it RUNNING with update-compute-fleet"
+        )
+    if fleet in _FAILED_FLEET:
+        return FAIL, f"Compute fleet of {name} is {fleet}; start it with update-compute-fleet --status START_REQUESTED"
+    if fleet != "RUNNING":
+        return WAIT, f"compute fleet of {name} is {fleet or 'not reported yet'}"
+    if not head_node_address(description):
+        return WAIT, f"cluster {name} reports no head node address yet"
+    return READY, f"cluster {name} is {status}, compute fleet RUNNING"
+
+
+def evaluate_capacity(capacity) -> tuple[str, str]:
+    """(verdict, reason) for a ``parsers.slurm.PartitionCapacity``."""
+    if capacity.ready:
+        return READY, capacity.describe()
+    if capacity.impossible:
+        return FAIL, "Not enough usable nodes: " + capacity.describe()
+    return WAIT, capacity.describe()
+
+
+async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
+    """First contact over asyncssh: the head node's host key as ``"<type> <base64>"``."""
+    import asyncssh
+
+    key = await asyncio.wait_for(
+        asyncssh.get_server_host_key(
+            address, port, known_hosts=None,
+            server_host_key_algs=["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"],
+        ),
+        timeout=timeout,
+    )
+    if key is None:
+        raise OSError(f"{address}:{port} offered no host key")
+    key_type, key_data = key.export_public_key("openssh").decode().split()[:2]
+    return f"{key_type} {key_data}"
+
+
+class ComputeFleetTrigger(BaseTrigger):
+    """Fires once: ``{"status": "success", "head_node": {...}}`` or ``{"status": "failed", "message"}``.
+
+    :param cluster_name: ParallelCluster name.
+    :param num_nodes: nodes the next job needs.
+    :param queue: Slurm partition; None = the default partition.
+    :param pcluster_conn_id: connection of ParallelClusterHook.
+    :param ssh_conn_id: SSH connection (user, key) of the head node.
+    :param ssh_port: port sshd listens on (from the SSH connection).
+    :param host_key: pinned key, when an earlier try already made first contact.
+    :param poke_interval: seconds between checks.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        num_nodes: int,
+        queue: str | None,
+        pcluster_conn_id: str,
+        ssh_conn_id: str,
+        ssh_port: int = 22,
+        host_key: str | None = None,
+        poke_interval: float = 30,
+    ) -> None:
+        super().__init__()
+        self.cluster_name = cluster_name
+        self.num_nodes = int(num_nodes)
+        self.queue = queue
+        self.pcluster_conn_id = pcluster_conn_id
+        self.ssh_conn_id = ssh_conn_id
+        self.ssh_port = int(ssh_port)
+        self.host_key = host_key
+        self.poke_interval = float(poke_interval)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "cluster_name": self.cluster_name,
+                "num_nodes": self.num_nodes,
+                "queue": self.queue,
+                "pcluster_conn_id": self.pcluster_conn_id,
+                "ssh_conn_id": self.ssh_conn_id,
+                "ssh_port": self.ssh_port,
+                "host_key": self.host_key,
+                "poke_interval": self.poke_interval,
+            },
+        )
+
+    async def check_once(self, pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
+        """One round of both gates: (verdict, reason, head_node or None)."""
+        from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
+        from ultracluster.hooks.slurm import SlurmCommandError, SlurmHook
+        from ultracluster.parsers.pcluster import ClusterNotFoundError, head_node_address
+        from ultracluster.parsers.slurm import SlurmParseError, partition_capacity
+
+        try:
+            description = await pcluster_hook.adescribe_cluster(self.cluster_name)
+        except ClusterNotFoundError as err:
+            return FAIL, f"Cluster {self.cluster_name} does not exist: {err}", None
+        verdict, reason = evaluate_cluster(description)
+        if verdict != READY:
+            return verdict, reason, None
+        address = head_node_address(description)
+        if self.host_key is None:
+            try:
+                self.host_key = await afetch_host_key(address, self.ssh_port)
+            except (OSError, asyncio.TimeoutError) as err:
+                return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
+            self.log.info("Pinned head node %s host key %s", address, self.host_key[:40] + "...")
+        head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
+        slurm = SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=head_node))
+        try:
+            nodes = await slurm.asinfo(self.queue)
+            capacity = partition_capacity(nodes, self.queue, self.num_nodes)
+        except HostKeyMismatchError as err:
+            return FAIL, str(err), None
+        except HeadNodeUnreachableError as err:
+            return WAIT, f"head node not reachable over SSH yet: {err}", None
+        except SlurmCommandError as err:  # slurmctld still starting
+            return WAIT, f"Slurm not answering yet: {err}", None
+        except SlurmParseError as err:  # e.g. the partition is unknown: waiting will not create it
+            return FAIL, str(err), None
+        verdict, reason = evaluate_capacity(capacity)
+        head_node["partition"] = capacity.partition
+        return verdict, reason, head_node if verdict == READY else None
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+        from ultracluster.parsers.pcluster import PclusterError
+
+        pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id)
+        last_reason = None
+        while True:
+            try:
+                verdict, reason, head_node = await self.check_once(pcluster_hook)
+            except PclusterError as err:  # transient CLI/API error: the sensor timeout bounds retries
+                verdict, reason, head_node = WAIT, f"describe-cluster failed: {err}", None
+            except Exception as err:
+                self.log.exception("Compute fleet trigger failed")
+                yield TriggerEvent({"status": "failed", "message": f"{type(err).__name__}: {err}", "host_key": self.host_key})
+                return
+            if verdict == READY:
+                yield TriggerEvent({"status": "success", "message": reason, "head_node": head_node})
+                return
+            if verdict == FAIL:
+                yield TriggerEvent({"status": "failed", "message": reason, "host_key": self.host_key})
+                return
+            if reason != last_reason:
+                self.log.info("Waiting: %s", reason)
+                last_reason = reason
+            await asyncio.sleep(self.poke_interval)
