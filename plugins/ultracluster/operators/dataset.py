@@ -1,0 +1,201 @@
+"""download_data: the dataset tar from S3 to the cluster's shared storage, unpacked and verified.
+
+The head node has curl but no AWS credentials: the worker makes a presigned GET URL with S3Hook
+(the aws connection's endpoint_url - moto locally - is inside the URL, so no endpoint in code) and
+the head node downloads it. The URL is a secret: it travels on curl's stdin (``--config -``), never
+in a command line, a log line or XCom.
+
+Idempotent: a marker next to the data records the source URI, ETag and size; a rerun with a
+matching marker and enough files skips the download.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
+
+from ultracluster import remote_commands
+from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from ultracluster.hooks.head_node import HeadNodeHook
+
+_S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(.+)$")
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+MARKER_PREFIX = ".ultracluster-dataset-"
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    match = _S3_URI.match(uri or "")
+    if not match or match.group(2).endswith("/"):
+        raise ValueError(f"dataset_s3_uri must be s3://bucket/key of a tar file, got {uri!r}")
+    return match.group(1), match.group(2)
+
+
+def dataset_dir_name(key: str) -> str:
+    """``.../bert_..._seqlen128.tar`` -> ``bert_..._seqlen128`` (the directory the tar holds)."""
+    name = posixpath.basename(key)
+    for suffix in _TAR_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def marker_content(source_uri: str, etag: str, size: int, files: int) -> dict[str, Any]:
+    return {"source": source_uri, "etag": etag, "size": int(size), "files": int(files)}
+
+
+def marker_matches(marker_text: str, source_uri: str, etag: str, size: int) -> bool:
+    """A completion marker written for exactly this object (same URI, ETag and size)."""
+    try:
+        marker = json.loads(marker_text)
+    except (ValueError, TypeError):
+        return False
+    return (
+        isinstance(marker, dict)
+        and marker.get("source") == source_uri
+        and marker.get("etag") == etag
+        and marker.get("size") == int(size)
+    )
+
+
+class DownloadDatasetOperator(BaseOperator):
+    """Download and unpack the dataset tar on the head node's shared storage.
+
+    :param head_node: the dict wait_for_fleet returned.
+    :param dataset_s3_uri: ``s3://bucket/key.tar``.
+    :param data_dir: shared-storage directory the tar is unpacked into; the files end up in
+        ``<data_dir>/<tar name without .tar>/`` (or ``data_dir`` itself for a flat tar).
+    :param aws_conn_id: connection for S3Hook (its endpoint_url is used locally).
+    :param ssh_conn_id: SSH connection of the head node.
+    :param expected_min_files: the unpacked data must hold at least this many matching files.
+    :param file_pattern: glob of the training files.
+    :return: ``{"data_dir": <directory holding the files>, "files": <count>, "skipped": bool}``
+    """
+
+    template_fields: Sequence[str] = ("head_node", "dataset_s3_uri", "data_dir", "expected_min_files")
+    ui_color = "#fdebd0"
+
+    def __init__(
+        self,
+        *,
+        head_node: dict[str, Any] | str,
+        dataset_s3_uri: str,
+        data_dir: str,
+        aws_conn_id: str | None = "aws_default",
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
+        expected_min_files: int | str = 1,
+        file_pattern: str = "*_training_*.hdf5",
+        presigned_url_expiry: int = 3600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.head_node = head_node
+        self.dataset_s3_uri = dataset_s3_uri
+        self.data_dir = data_dir
+        self.aws_conn_id = aws_conn_id
+        self.ssh_conn_id = ssh_conn_id
+        self.expected_min_files = expected_min_files
+        self.file_pattern = file_pattern
+        self.presigned_url_expiry = presigned_url_expiry
+
+    def _validate(self) -> tuple[str, str]:
+        bucket, key = parse_s3_uri(self.dataset_s3_uri)
+        if not posixpath.isabs(self.data_dir or ""):
+            raise ValueError(f"data_dir must be an absolute path on shared storage, got {self.data_dir!r}")
+        try:
+            self.expected_min_files = int(self.expected_min_files)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected_min_files must be an integer, got {self.expected_min_files!r}") from None
+        if self.expected_min_files < 1:
+            raise ValueError("expected_min_files must be >= 1")
+        return bucket, key
+
+    def _count(self, head_node: HeadNodeHook, directory: str) -> int:
+        result = head_node.check(remote_commands.count_files(directory, self.file_pattern))
+        return int(result.stdout.strip() or 0)
+
+    def _dataset_dir(self, head_node: HeadNodeHook, key: str) -> tuple[str, int]:
+        """Where the files are, and how many: the tar's own directory, else data_dir."""
+        nested = posixpath.join(self.data_dir, dataset_dir_name(key))
+        for directory in (nested, self.data_dir):
+            count = self._count(head_node, directory)  # 0 when the directory is missing
+            if count:
+                return directory, count
+        return nested, 0
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from ultracluster.hooks.head_node import HeadNodeHook
+
+        bucket, key = self._validate()
+        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        head = s3.head_object(key=key, bucket_name=bucket)
+        if head is None:
+            raise AirflowException(f"Dataset {self.dataset_s3_uri} does not exist")
+        etag, size = str(head.get("ETag", "")).strip('"'), int(head["ContentLength"])
+        head_node = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
+        tar_name = posixpath.basename(key)
+        marker_path = posixpath.join(self.data_dir, f"{MARKER_PREFIX}{tar_name}.json")
+
+        marker = head_node.check(remote_commands.read_file(marker_path, 4096)).stdout
+        if marker_matches(marker, self.dataset_s3_uri, etag, size):
+            directory, count = self._dataset_dir(head_node, key)
+            if count >= self.expected_min_files:
+                self.log.info("Dataset already in %s (%d files, ETag %s): skipping the download", directory, count, etag)
+                return {"data_dir": directory, "files": count, "skipped": True}
+            self.log.warning("Marker matches but only %d file(s) in %s: downloading again", count, directory)
+
+        tar_path = posixpath.join(self.data_dir, tar_name)
+        url = s3.generate_presigned_url(
+            client_method="get_object", params={"Bucket": bucket, "Key": key}, expires_in=self.presigned_url_expiry
+        )
+        if not url:
+            raise AirflowException(f"Could not presign {self.dataset_s3_uri}")
+        self.log.info("Downloading %s (%d bytes) to %s on the head node", self.dataset_s3_uri, size, tar_path)
+        head_node.check(remote_commands.remove_files(marker_path))
+        head_node.check(remote_commands.download_to_file(url, tar_path))
+        self._verify_tar(head_node, s3, bucket, key, tar_path, size)
+
+        head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir))
+        directory, count = self._dataset_dir(head_node, key)
+        if count < self.expected_min_files:
+            raise AirflowException(
+                f"Dataset unpacked into {self.data_dir} holds {count} file(s) matching {self.file_pattern}, "
+                f"expected at least {self.expected_min_files}"
+            )
+        manifest = head_node.run(remote_commands.verify_checksum_manifest(directory))
+        if not manifest.ok:
+            raise AirflowException(
+                f"Checksum manifest check failed in {directory}: {(manifest.stdout + manifest.stderr).strip()[-2000:]}"
+            )
+        self.log.info("Checksums: %s", manifest.stdout.strip().splitlines()[0] if manifest.stdout.strip() else "ok")
+
+        head_node.check(
+            remote_commands.write_file(marker_path, json.dumps(marker_content(self.dataset_s3_uri, etag, size, count)))
+        )
+        head_node.check(remote_commands.remove_files(tar_path))
+        self.log.info("Dataset ready in %s: %d file(s)", directory, count)
+        return {"data_dir": directory, "files": count, "skipped": False}
+
+    def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
+        """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""
+        listing = head_node.check(remote_commands.list_files(posixpath.dirname(tar_path), max_depth=1)).stdout
+        sizes = {line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line}
+        got = sizes.get(posixpath.basename(tar_path))
+        if got != size:
+            raise AirflowException(f"Downloaded {tar_path} is {got} bytes, S3 says {size}")
+        if s3.check_for_key(f"{key}.sha256", bucket_name=bucket):
+            expected = s3.read_key(f"{key}.sha256", bucket_name=bucket).split()[0].lower()
+            actual = head_node.check(remote_commands.sha256_of(tar_path)).stdout.split()[0].lower()
+            if actual != expected:
+                raise AirflowException(f"SHA-256 of {tar_path} is {actual}, {key}.sha256 says {expected}")
+            self.log.info("SHA-256 of the tar matches %s.sha256", key)

@@ -1,0 +1,255 @@
+"""collect_results: results.json, the per-node logs and the final checkpoint go to S3; the key
+metrics become the return value and an Asset event.
+
+Transfer choice: presigned PUT URLs per file (S3Hook, in the worker) and curl on the head node.
+The data goes head node -> S3 directly; a checkpoint can be gigabytes and SFTP through the worker
+would carry it twice over the network and through a worker slot. The URLs are secrets: they go to
+curl on stdin, never into a command line, a log or XCom. results.json itself is also read over SSH
+(it is small) to compute the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
+
+from ultracluster import remote_commands
+from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+_S3_PREFIX = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
+_NODE_LOG = re.compile(r"(^|/)log_[^/]*$")
+_CHECKPOINT = re.compile(r"(ckpt|checkpoint)|\.(pt|pth|bin|safetensors)$", re.IGNORECASE)
+_NUMBER = re.compile(r"(\d+)")
+# Batch of files per curl call: bounded so one stdin config stays small.
+_UPLOAD_BATCH = 32
+
+
+def _metric_values(metrics: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    values = []
+    for metric in metrics:
+        if str(metric.get("MetricName", "")).strip().lower() == name.lower():
+            try:
+                values.append(float(metric["MeasuredValue"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return values
+
+
+def _param(parameters: Mapping[str, Any], *names: str) -> Any:
+    lowered = {str(k).strip().lower(): v for k, v in parameters.items()}
+    for name in names:
+        if name.lower() in lowered:
+            return lowered[name.lower()]
+    return None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def extract_metrics(
+    results: Mapping[str, Any], *, num_nodes: int | None = None, scaling_mode: str | None = None
+) -> dict[str, Any]:
+    """Key metrics from a blog-era results.json:
+    ``{"results": {"parameters": {...}, "metrics": [{"MetricName", "MeasuredValue", "Units", ...}]}}``.
+
+    Final values win over running ones: "Final loss" else the last "Loss"; "Average throughput"
+    else the mean of "Throughput"; "Peak throughput" else their maximum.
+    """
+    body = results.get("results")
+    if not isinstance(body, Mapping) or not isinstance(body.get("metrics"), list):
+        raise ValueError("results.json has no results.metrics list (blog-era schema expected)")
+    parameters = body.get("parameters") or {}
+    metrics = body["metrics"]
+    losses = _metric_values(metrics, "Loss")
+    throughputs = _metric_values(metrics, "Throughput")
+    final_loss = (_metric_values(metrics, "Final loss") or losses[-1:] or [None])[-1]
+    average = (_metric_values(metrics, "Average throughput") or [None])[-1]
+    if average is None and throughputs:
+        average = sum(throughputs) / len(throughputs)
+    peak = (_metric_values(metrics, "Peak throughput") or [None])[-1]
+    if peak is None and throughputs:
+        peak = max(throughputs)
+    time_to_train = (_metric_values(metrics, "Time to train") or [None])[-1]
+
+    world_size = _int(_param(parameters, "World size"))
+    batch = _int(_param(parameters, "Batch size"))
+    accumulation = _int(_param(parameters, "Gradient accumulation microsteps"))
+    global_batch = _int(_param(parameters, "Global batch size", "Global batch"))
+    if global_batch is None and None not in (world_size, batch, accumulation):
+        global_batch = world_size * batch * accumulation
+    nodes = num_nodes or _int(_param(parameters, "Nodes", "Number of nodes", "Num nodes"))
+    mode = scaling_mode or _param(parameters, "Scaling mode", "Scaling")
+    return {
+        "final_loss": final_loss,
+        "average_throughput_seq_per_s": average,
+        "peak_throughput_seq_per_s": peak,
+        "time_to_train_min": time_to_train,
+        "nodes": nodes,
+        "world_size": world_size,
+        "global_batch": global_batch,
+        "scaling_mode": mode,
+        "total_steps": _int(_param(parameters, "Total steps")),
+    }
+
+
+def summary_table(metrics: Mapping[str, Any]) -> str:
+    labels = {
+        "final_loss": "Final loss",
+        "average_throughput_seq_per_s": "Average throughput (seq/s)",
+        "peak_throughput_seq_per_s": "Peak throughput (seq/s)",
+        "time_to_train_min": "Time to train (min)",
+        "nodes": "Nodes",
+        "world_size": "World size",
+        "global_batch": "Global batch",
+        "scaling_mode": "Scaling mode",
+        "total_steps": "Total steps",
+    }
+    rows = []
+    for key, label in labels.items():
+        value = metrics.get(key)
+        text = "-" if value is None else (f"{value:,.4f}" if isinstance(value, float) else str(value))
+        rows.append((label, text))
+    width = max(len(label) for label, _ in rows)
+    value_width = max(len(text) for _, text in rows)
+    rule = f"+-{'-' * width}-+-{'-' * value_width}-+"
+    body = "\n".join(f"| {label.ljust(width)} | {text.rjust(value_width)} |" for label, text in rows)
+    return f"{rule}\n{body}\n{rule}"
+
+
+def select_artifacts(files: Mapping[str, int], results_name: str = "results.json") -> list[str]:
+    """results.json, every per-node log, and the final checkpoint (highest step number, else all)."""
+    chosen = [p for p in files if posixpath.basename(p) == results_name]
+    chosen += [p for p in files if _NODE_LOG.search(p)]
+    checkpoints = [p for p in files if _CHECKPOINT.search(p) and p not in chosen]
+
+    def step(path: str) -> int:
+        numbers = _NUMBER.findall(path)
+        return int(numbers[-1]) if numbers else -1
+
+    if checkpoints:
+        # A checkpoint may span several files (shards): keep every file of the newest one.
+        newest = max(step(p) for p in checkpoints)
+        chosen += [p for p in checkpoints if step(p) == newest]
+    return sorted(dict.fromkeys(chosen))
+
+
+class CollectResultsOperator(BaseOperator):
+    """Upload a training job's results and report its key metrics.
+
+    :param head_node: the dict wait_for_fleet returned.
+    :param train: the dict SlurmJobOperator returned (job_id, output_dir, log_path, results_path).
+    :param artifacts_s3_uri: ``s3://bucket[/prefix]``; files go under
+        ``<prefix>/results/<dag_id>/<run_id>/``.
+    :param aws_conn_id: S3Hook connection.
+    :param ssh_conn_id: SSH connection of the head node.
+    :param num_nodes: nodes of the run (else read from results.json).
+    :param scaling_mode: ``strong``/``weak`` (else read from results.json).
+    """
+
+    template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode")
+    ui_color = "#e8daef"
+
+    def __init__(
+        self,
+        *,
+        head_node: dict[str, Any] | str,
+        train: dict[str, Any] | str,
+        artifacts_s3_uri: str,
+        aws_conn_id: str | None = "aws_default",
+        ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
+        num_nodes: int | str | None = None,
+        scaling_mode: str | None = None,
+        presigned_url_expiry: int = 3600,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.head_node = head_node
+        self.train = train
+        self.artifacts_s3_uri = artifacts_s3_uri
+        self.aws_conn_id = aws_conn_id
+        self.ssh_conn_id = ssh_conn_id
+        self.num_nodes = num_nodes
+        self.scaling_mode = scaling_mode
+        self.presigned_url_expiry = presigned_url_expiry
+
+    def _destination(self, context: Context) -> tuple[str, str]:
+        match = _S3_PREFIX.match(self.artifacts_s3_uri or "")
+        if not match:
+            raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}")
+        ti = context["ti"]
+        prefix = "/".join(p for p in [(match.group(2) or "").strip("/"), "results", ti.dag_id, ti.run_id] if p)
+        return match.group(1), prefix
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from ultracluster.hooks.head_node import HeadNodeHook
+
+        if not isinstance(self.train, Mapping) or not self.train.get("output_dir"):
+            raise ValueError(f"train must be the dict SlurmJobOperator returned, got {self.train!r}")
+        bucket, prefix = self._destination(context)
+        head_node = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
+        output_dir = self.train["output_dir"]
+        results_path = self.train.get("results_path") or posixpath.join(output_dir, "results.json")
+
+        text = head_node.check(remote_commands.read_file(results_path)).stdout
+        if not text.strip():
+            raise AirflowException(f"{results_path} is missing or empty on the head node")
+        try:
+            metrics = extract_metrics(
+                json.loads(text),
+                num_nodes=int(self.num_nodes) if self.num_nodes not in (None, "") else None,
+                scaling_mode=self.scaling_mode,
+            )
+        except ValueError as err:
+            raise AirflowException(f"Cannot read metrics from {results_path}: {err}") from err
+        metrics["job_id"] = self.train.get("job_id")
+
+        listing = head_node.check(remote_commands.list_files(output_dir)).stdout
+        files = {
+            line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line
+        }
+        uploads = [(posixpath.join(output_dir, rel), rel) for rel in select_artifacts(files)]
+        if results_path not in {local for local, _ in uploads}:
+            uploads.append((results_path, posixpath.basename(results_path)))
+        if self.train.get("log_path"):
+            uploads.append((self.train["log_path"], posixpath.basename(self.train["log_path"])))
+        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        self._upload(head_node, s3, bucket, prefix, uploads)
+        metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
+
+        self.log.info("Training results (job %s):\n%s", metrics["job_id"], summary_table(metrics))
+        for asset in self.outlets or []:
+            context["outlet_events"][asset].extra = dict(metrics)
+        return metrics
+
+    def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]]) -> None:
+        for start in range(0, len(uploads), _UPLOAD_BATCH):
+            batch = uploads[start:start + _UPLOAD_BATCH]
+            signed = []
+            for local, rel in batch:
+                url = s3.generate_presigned_url(
+                    client_method="put_object",
+                    params={"Bucket": bucket, "Key": f"{prefix}/{rel}"},
+                    expires_in=self.presigned_url_expiry,
+                )
+                if not url:
+                    raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
+                signed.append((local, url))
+            head_node.check(remote_commands.upload_files(signed))
+        missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
+        if missing:
+            raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
+        self.log.info("Uploaded %d file(s) to s3://%s/%s/", len(uploads), bucket, prefix)
