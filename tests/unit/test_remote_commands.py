@@ -1,0 +1,221 @@
+"""Command building: every value quoted, secrets only on stdin. Commands are RUN in a local bash
+(never just string-compared) so a quoting bug shows up as a created file or a wrong argv."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from ultracluster import remote_commands as rc
+
+HOSTILE = [
+    "a'b; touch PWNED",
+    'a"b$(touch PWNED)',
+    "`touch PWNED`",
+    "x\\'; touch PWNED; echo '",
+    "$HOME && touch PWNED",
+    "sp ace|touch PWNED",
+]
+
+
+def run_local(command: rc.RemoteCommand, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", command.shell], cwd=cwd, input=command.stdin, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_file_commands_never_execute_hostile_paths(tmp_path, value):
+    target = tmp_path / value.replace("/", "_")
+    target.write_text("content\n")
+    for command in (
+        rc.read_file(str(target)),
+        rc.tail_lines(str(target), 5),
+        rc.read_log_chunk(str(target), 0),
+        rc.sha256_of(str(target)),
+        rc.list_files(str(tmp_path)),
+        rc.count_files(str(tmp_path), value),
+    ):
+        result = run_local(command, tmp_path)
+        assert result.returncode == 0, (command.shell, result.stderr)
+    assert run_local(rc.read_file(str(target)), tmp_path).stdout == "content\n"
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_write_make_remove_with_hostile_names(tmp_path, value):
+    directory = tmp_path / ("d " + value.replace("/", "_"))
+    assert run_local(rc.make_dirs(str(directory)), tmp_path).returncode == 0
+    path = directory / "f"
+    assert run_local(rc.write_file(str(path), value + "\n"), tmp_path).returncode == 0
+    assert path.read_text() == value + "\n"
+    assert run_local(rc.remove_files(str(path)), tmp_path).returncode == 0
+    assert not path.exists()
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_argv_round_trips_through_the_shell():
+    value = "a'b; rm -rf /"
+    command = rc.squeue_by_name(value)
+    assert shlex.split(command.shell) == list(command.argv)
+    assert value in command.argv
+
+
+@pytest.mark.parametrize("bad", ["12; rm -rf /", "abc", "", "1 2", "$(id)"])
+def test_job_ids_are_validated(bad):
+    with pytest.raises(ValueError):
+        rc.scancel(bad)
+    with pytest.raises(ValueError):
+        rc.scontrol_show_job(bad)
+
+
+def test_array_job_id_allowed():
+    assert rc.scancel("123_4").argv == ("scancel", "123_4")
+
+
+def _fake_bin(tmp_path, name: str) -> None:
+    """A program that records its argv (NUL separated) and environment, standing in for sbatch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / name
+    script.write_text(
+        "#!/bin/bash\n"
+        f'printf "%s\\0" "$@" > {shlex.quote(str(tmp_path / (name + ".argv")))}\n'
+        f"env > {shlex.quote(str(tmp_path / (name + '.env')))}\n"
+        "echo 4242\n"
+    )
+    script.chmod(0o755)
+
+
+def test_sbatch_passes_hostile_env_and_paths_verbatim(tmp_path):
+    _fake_bin(tmp_path, "sbatch")
+    job_dir = str(tmp_path / "job dir'x")
+    env = {"SCALING_MODE": "strong", "WEIRD": "a,b'c; touch PWNED", "DATA_DIR": "/fsx/data $(touch PWNED)"}
+    command = rc.sbatch(
+        job_dir=job_dir, script_path=job_dir + "/run.sh", num_nodes=2, job_name="uc.n",
+        comment="ultracluster run_id=manual__2026'x", job_env=env, launcher="neuron_parallel_compile",
+        launcher_fallback_env={"COMPILE_ONLY": "1"}, partition="compute1",
+    )
+    result = subprocess.run(
+        ["bash", "-c", command.shell], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "sbatch.argv").read_bytes().split(b"\0")[:-1]
+    argv = [a.decode() for a in argv]
+    assert argv[argv.index("--nodes") + 1] == "2"
+    assert "--exclusive" in argv and "--no-requeue" in argv
+    assert argv[argv.index("--export") + 1] == "ALL"
+    assert argv[argv.index("--comment") + 1] == "ultracluster run_id=manual__2026'x"
+    assert argv[argv.index("--output") + 1] == job_dir + "/slurm-%j.out"
+    environment = (tmp_path / "sbatch.env").read_text().splitlines()
+    assert "WEIRD=a,b'c; touch PWNED" in environment
+    assert "DATA_DIR=/fsx/data $(touch PWNED)" in environment
+    assert not (tmp_path / "PWNED").exists()
+    # The --wrap script itself runs on the node: run it with a fake srun and no launcher.
+    wrap = argv[argv.index("--wrap") + 1]
+    os.makedirs(job_dir)
+    _fake_bin(tmp_path, "srun")
+    node = subprocess.run(
+        ["/bin/bash", "-c", wrap], cwd=tmp_path, capture_output=True, text=True,
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "77"},
+    )
+    assert node.returncode == 0, node.stderr
+    assert "neuron_parallel_compile not found" in node.stdout
+    srun_argv = [a.decode() for a in (tmp_path / "srun.argv").read_bytes().split(b"\0")[:-1]]
+    assert srun_argv == [job_dir + "/run.sh"]
+    assert "COMPILE_ONLY=1" in (tmp_path / "srun.env").read_text().splitlines()
+    assert (open(job_dir + "/slurm-77.exit").read().strip()) == "0"
+
+
+def test_sbatch_wrap_uses_launcher_when_present_and_records_failure(tmp_path):
+    job_dir = str(tmp_path / "job")
+    os.makedirs(job_dir)
+    _fake_bin(tmp_path, "neuron_parallel_compile")
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "srun").write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\nexit 3\n')
+    (bin_dir / "srun").chmod(0o755)
+    command = rc.sbatch(
+        job_dir=job_dir, script_path=job_dir + "/run.sh", num_nodes=1, job_name="j", comment="c",
+        job_env={}, launcher="neuron_parallel_compile",
+    )
+    wrap = command.argv[command.argv.index("--wrap") + 1]
+    node = subprocess.run(
+        ["/bin/bash", "-c", wrap], capture_output=True, text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "78", "SRUN_LOG": str(tmp_path / "srun.log")},
+    )
+    assert node.returncode == 3
+    assert (tmp_path / "srun.log").read_text().split() == ["neuron_parallel_compile", job_dir + "/run.sh"]
+    assert open(job_dir + "/slurm-78.exit").read().strip() == "3"
+
+
+@pytest.mark.parametrize("name", ["1BAD", "A-B", "A B", "A;B", ""])
+def test_sbatch_rejects_bad_env_names(name):
+    with pytest.raises(ValueError, match="environment variable"):
+        rc.sbatch(job_dir="/fsx/j", script_path="/fsx/j/r.sh", num_nodes=1, job_name="j", comment="c",
+                  job_env={name: "1"})
+
+
+def test_sbatch_rejects_zero_nodes_and_newlines():
+    with pytest.raises(ValueError):
+        rc.sbatch(job_dir="/j", script_path="/j/r.sh", num_nodes=0, job_name="j", comment="c", job_env={})
+    with pytest.raises(ValueError):
+        rc.sbatch(job_dir="/j", script_path="/j/r.sh", num_nodes=1, job_name="j", comment="c", job_env={"A": "x\ny"})
+
+
+def test_secrets_only_on_stdin():
+    url = "https://bucket.s3.amazonaws.com/k?X-Amz-Signature=SECRET123&X-Amz-Credential=AKIA"
+    download = rc.download_to_file(url, "/fsx/data/x.tar")
+    upload = rc.upload_files([("/fsx/out/results.json", url)])
+    for command in (download, upload):
+        assert "SECRET123" not in command.shell
+        assert "SECRET123" not in str(command)
+        assert "SECRET123" not in repr(command)
+        assert "SECRET123" in command.stdin
+
+
+def test_curl_config_quotes_values(tmp_path):
+    """curl itself parses the config: a hostile path and URL survive verbatim."""
+    path = str(tmp_path / 'we"ird \\ name')
+    command = rc.download_to_file('file://' + str(tmp_path / "src.bin"), path)
+    (tmp_path / "src.bin").write_bytes(b"payload")
+    result = run_local(command, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert open(path, "rb").read() == b"payload"
+    assert not os.path.exists(path + ".part")
+
+
+def test_read_log_chunk_is_byte_exact(tmp_path):
+    import base64
+
+    log = tmp_path / "slurm-1.out"
+    content = "UC_PROGRESS step=1 loss=1.0\nünïcödé line\nUC_PROGRESS step=2 loss=0.5\n".encode()
+    log.write_bytes(content)
+    out = run_local(rc.read_log_chunk(str(log), 10, max_bytes=20), tmp_path).stdout.split("\n")
+    assert int(out[0]) == len(content)
+    assert base64.b64decode(out[1]) == content[10:30]
+    missing = run_local(rc.read_log_chunk(str(tmp_path / "nope"), 0), tmp_path).stdout
+    assert missing.strip() == "-1"
+
+
+def test_job_name_is_deterministic_safe_and_distinct():
+    a = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    assert a == rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    assert a != rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:01+00:00", "train")
+    assert a != rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "parallel_compile")
+    hostile = rc.slurm_job_name("d'; rm -rf /", "r$(id)", "t`x`")
+    assert shlex.quote(hostile) == hostile
+    assert len(rc.slurm_job_name("d" * 500, "r", "t")) <= rc.JOB_NAME_MAX
+
+
+def test_checksum_manifest_verification(tmp_path):
+    (tmp_path / "a_training_1.hdf5").write_bytes(b"one")
+    no_manifest = run_local(rc.verify_checksum_manifest(str(tmp_path)), tmp_path)
+    assert no_manifest.returncode == 0 and "NO_MANIFEST" in no_manifest.stdout
+    subprocess.run("sha256sum a_training_1.hdf5 > SHA256SUMS", shell=True, cwd=tmp_path, check=True)
+    assert run_local(rc.verify_checksum_manifest(str(tmp_path)), tmp_path).returncode == 0
+    (tmp_path / "a_training_1.hdf5").write_bytes(b"corrupted")
+    assert run_local(rc.verify_checksum_manifest(str(tmp_path)), tmp_path).returncode != 0
