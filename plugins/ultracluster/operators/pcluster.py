@@ -1,0 +1,312 @@
+"""pcluster_create / delete_cluster: a ParallelCluster created and deleted through ParallelClusterHook.
+
+A cluster belongs to the run whose id is in its ``ultracluster:run-id`` tag (render_config puts it in
+the config's Tags). Retries reattach to that cluster instead of creating a second one, and deletes
+only ever touch a cluster of this run.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from ultracluster.links import ParallelClusterStackLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+RUN_ID_TAG = "ultracluster:run-id"
+
+
+def _region_from_arn(arn: str | None) -> str | None:
+    # arn:aws:cloudformation:<region>:<account>:stack/<name>/<id>
+    parts = (arn or "").split(":")
+    return parts[3] if len(parts) > 4 else None
+
+
+class CreateClusterOperator(BaseOperator):
+    """
+    Create this run's cluster from the config render_config uploaded, and wait for CREATE_COMPLETE.
+
+    On CREATE_FAILED (or a timeout) the failures are logged and the cluster is deleted here: a
+    teardown does not run when its setup failed, so nobody else would.
+
+    :param cluster_config: render_config's return value (``cluster_name``, ``bucket``, ``config_s3_key``).
+    Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
+    "config_s3_uri"}``.
+    """
+
+    template_fields: Sequence[str] = ("cluster_config", "suppress_validators", "region_name")
+    operator_extra_links = (ParallelClusterStackLink(),)
+    ui_color = "#ffd39b"
+
+    def __init__(
+        self,
+        *,
+        cluster_config: dict,
+        pcluster_conn_id: str = "pcluster_default",
+        region_name: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        rollback_on_failure: bool = False,
+        suppress_validators: list[str] | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 30,
+        max_attempts: int = 240,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_config = cluster_config
+        self.pcluster_conn_id = pcluster_conn_id
+        self.region_name = region_name
+        self.aws_conn_id = aws_conn_id
+        self.rollback_on_failure = rollback_on_failure
+        self.suppress_validators = suppress_validators
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster_config["cluster_name"]
+
+    def hook(self):
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+
+        return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
+
+    def execute(self, context: Context) -> dict:
+        from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError, tags_dict
+
+        hook = self.hook()
+        run_id = context["run_id"]
+        try:
+            description = hook.describe_cluster(self.cluster_name)
+        except ClusterNotFoundError:
+            description = None
+        if description is not None:
+            owner = tags_dict(description).get(RUN_ID_TAG)
+            if owner != run_id:
+                raise ClusterAlreadyExistsError(
+                    f"Cluster {self.cluster_name} exists and belongs to run {owner!r}, not {run_id!r}; "
+                    "choose another cluster_name"
+                )
+            self.log.info("Cluster %s of this run exists (%s): reattaching", self.cluster_name,
+                          description.get("clusterStatus"))
+        else:
+            try:
+                self._create(hook)
+            except ClusterAlreadyExistsError:
+                # A previous try created it after our describe: reattach like above.
+                self.log.info("Cluster %s appeared meanwhile: reattaching", self.cluster_name)
+            description = hook.describe_cluster(self.cluster_name)
+            if tags_dict(description).get(RUN_ID_TAG) != run_id:
+                raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
+        return self._continue(context, hook, description)
+
+    def _create(self, hook) -> None:
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from ultracluster.parsers.pcluster import ClusterValidationError
+
+        config_yaml = S3Hook(aws_conn_id=self.aws_conn_id).read_key(
+            self.cluster_config["config_s3_key"], self.cluster_config["bucket"]
+        )
+        with tempfile.TemporaryDirectory(prefix="ultracluster-") as tmp:
+            config_path = os.path.join(tmp, "cluster-config.yaml")
+            with open(config_path, "w") as handle:
+                handle.write(config_yaml)
+            try:
+                result = hook.create_cluster(
+                    self.cluster_name, config_path,
+                    rollback_on_failure=self.rollback_on_failure,
+                    suppress_validators=self.suppress_validators,
+                )
+            except ClusterValidationError as err:
+                for item in err.configuration_validation_errors:
+                    self.log.error("Validation %s %s: %s", item.get("level"), item.get("type"), item.get("message"))
+                raise
+        for message in result.get("validationMessages") or []:
+            self.log.warning("Validation %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
+        self.log.info("create-cluster accepted %s", self.cluster_name)
+
+    def _continue(self, context: Context, hook, description: dict) -> dict:
+        """Act on the cluster's current status: done, wait, or clean up and fail."""
+        status = description.get("clusterStatus")
+        ParallelClusterStackLink.persist(
+            context=context,
+            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
+            stack_name=description.get("cloudformationStackArn") or self.cluster_name,
+        )
+        if status in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+            return self._result(description)
+        if status == "CREATE_IN_PROGRESS":
+            if not self.deferrable:
+                raise RuntimeError("CreateClusterOperator waits with a trigger; run it with deferrable=True")
+            from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+            self.defer(
+                trigger=ClusterStatusTrigger(
+                    cluster_name=self.cluster_name,
+                    waiter_name="ClusterCreateComplete",
+                    pcluster_conn_id=self.pcluster_conn_id,
+                    region_name=self.region_name or None,
+                    poll_interval=self.poll_interval,
+                    max_attempts=self.max_attempts,
+                    owner_run_id=context["run_id"],
+                    delete_on_kill=True,
+                ),
+                method_name="execute_complete",
+            )
+        if status == "CREATE_FAILED":
+            self._fail_and_delete(hook, description, "cluster creation failed")
+        raise RuntimeError(f"Cluster {self.cluster_name} is {status}; retry once it is deleted")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
+        if event.get("status") == "success":
+            return self._result(event.get("description") or {})
+        hook = self.hook()
+        from ultracluster.parsers.pcluster import PclusterError
+
+        try:
+            description = hook.describe_cluster(self.cluster_name)
+        except PclusterError:
+            description = {"failures": event.get("failures") or []}
+        self._fail_and_delete(hook, description, event.get("message") or str(event.get("status")))
+        raise AssertionError("unreachable")
+
+    def _fail_and_delete(self, hook, description: dict, reason: str) -> None:
+        from ultracluster.parsers.pcluster import ClusterNotFoundError, failures
+
+        found = failures(description)
+        for failure in found:
+            self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
+        try:
+            hook.delete_cluster(self.cluster_name)
+            cleanup = "its deletion was started"
+        except ClusterNotFoundError:
+            cleanup = "it is already gone"
+        summary = "; ".join(f"{f.get('failureCode')}: {f.get('failureReason')}" for f in found)
+        raise RuntimeError(f"Cluster {self.cluster_name}: {reason}. {summary} ({cleanup})".strip())
+
+    def _result(self, description: dict) -> dict:
+        from ultracluster.triggers.pcluster import public_description
+
+        public = public_description(description)
+        self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
+        return {
+            "cluster_name": self.cluster_name,
+            "cluster_status": public.get("clusterStatus"),
+            "region": public.get("region"),
+            "cloudformation_stack_arn": public.get("cloudformationStackArn"),
+            "head_node": public.get("headNode") or {},
+            "config_s3_uri": self.cluster_config.get("config_s3_uri"),
+        }
+
+    def on_kill(self) -> None:
+        # The wait runs in the triggerer (ClusterStatusTrigger.on_kill deletes there); nothing runs here.
+        self.log.info("pcluster_create killed; a deferred wait deletes the cluster from its trigger")
+
+
+class DeleteClusterOperator(BaseOperator):
+    """
+    Teardown of pcluster_create: delete this run's cluster and wait (deferrably) until it is gone.
+
+    Gone already counts as success. DELETE_FAILED is retried with delete-cluster up to
+    ``max_delete_attempts`` times; a cluster not tagged with this run is never touched.
+    """
+
+    template_fields: Sequence[str] = ("cluster_name", "region_name")
+    operator_extra_links = (ParallelClusterStackLink(),)
+    ui_color = "#ffd39b"
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        pcluster_conn_id: str = "pcluster_default",
+        region_name: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 30,
+        max_attempts: int = 120,
+        max_delete_attempts: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_name = cluster_name
+        self.pcluster_conn_id = pcluster_conn_id
+        self.region_name = region_name
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+        self.max_delete_attempts = max_delete_attempts
+
+    def hook(self):
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+
+        return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
+
+    def execute(self, context: Context) -> dict:
+        return self._delete(context, delete_attempt=1)
+
+    def _delete(self, context: Context, delete_attempt: int) -> dict:
+        from ultracluster.parsers.pcluster import ClusterNotFoundError, tags_dict
+
+        hook = self.hook()
+        if not self.cluster_name:
+            self.log.info("No cluster name: nothing to delete")
+            return {"cluster_name": None, "deleted": False}
+        try:
+            description = hook.describe_cluster(self.cluster_name)
+        except ClusterNotFoundError:
+            self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
+            return {"cluster_name": self.cluster_name, "deleted": True}
+        owner = tags_dict(description).get(RUN_ID_TAG)
+        if owner != context["run_id"]:
+            self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
+            return {"cluster_name": self.cluster_name, "deleted": False}
+        ParallelClusterStackLink.persist(
+            context=context,
+            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
+            stack_name=description.get("cloudformationStackArn") or self.cluster_name,
+        )
+        if description.get("clusterStatus") != "DELETE_IN_PROGRESS":
+            try:
+                hook.delete_cluster(self.cluster_name)
+            except ClusterNotFoundError:
+                return {"cluster_name": self.cluster_name, "deleted": True}
+            self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
+        if not self.deferrable:
+            raise RuntimeError("DeleteClusterOperator waits with a trigger; run it with deferrable=True")
+        from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+        self.defer(
+            trigger=ClusterStatusTrigger(
+                cluster_name=self.cluster_name,
+                waiter_name="ClusterDeleteComplete",
+                pcluster_conn_id=self.pcluster_conn_id,
+                region_name=self.region_name or None,
+                poll_interval=self.poll_interval,
+                max_attempts=self.max_attempts,
+            ),
+            method_name="execute_complete",
+            kwargs={"delete_attempt": delete_attempt},
+        )
+        raise AssertionError("unreachable")
+
+    def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
+        if event.get("status") == "success":
+            self.log.info("Cluster %s deleted", self.cluster_name)
+            return {"cluster_name": self.cluster_name, "deleted": True}
+        self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
+        for failure in event.get("failures") or []:
+            self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
+        if event.get("status") == "failure" and delete_attempt < self.max_delete_attempts:
+            return self._delete(context, delete_attempt + 1)
+        arn = (event.get("description") or {}).get("cloudformationStackArn")
+        raise RuntimeError(
+            f"Cluster {self.cluster_name} not deleted after {delete_attempt} attempt(s): {event.get('message')}"
+            + (f"; inspect stack {arn}" if arn else "")
+        )
