@@ -165,6 +165,14 @@ class Runtime:
             self.xm.mark_step()
         return float(value.item())
 
+    def sum_across_ranks(self, value: int) -> int:
+        total = torch.tensor(float(value), device=self.device)
+        if self.distributed:
+            dist.all_reduce(total)
+        if self.kind == "xla":
+            self.xm.mark_step()
+        return int(round(total.item()))
+
     def barrier(self):
         if self.distributed:
             dist.barrier()
@@ -553,7 +561,8 @@ def train(args, runtime: Runtime) -> int:
     loss_metrics, throughput_metrics = [], []
     metrics_every = max(args.log_every, (end_step - start_step) // 200 or 1)
     peak_throughput = 0.0
-    last_loss = float("nan")
+    last_loss = None
+    sequences_seen = 0  # rows this rank really trained on
     last_files_ckpt = 0
     step = start_step
     loop_start = interval_start = time.perf_counter()
@@ -566,6 +575,7 @@ def train(args, runtime: Runtime) -> int:
             files_done = 0
             for micro in range(args.grad_accum_usteps):
                 batch, files_done = prefetcher.next()
+                sequences_seen += batch["input_ids"].shape[0]
                 batch = {k: v.to(runtime.device, non_blocking=True) for k, v in batch.items()}
                 last_micro = micro == args.grad_accum_usteps - 1
                 # Gradients are all-reduced on the last micro-step only.
@@ -628,7 +638,7 @@ def train(args, runtime: Runtime) -> int:
     finally:
         prefetcher.close()
     train_seconds = time.perf_counter() - loop_start
-    runtime.barrier()
+    sequences_processed = runtime.sum_across_ranks(sequences_seen)
 
     if runtime.rank == 0:
         steps_done = step - start_step
@@ -669,6 +679,8 @@ def train(args, runtime: Runtime) -> int:
             metric("Time to train", train_seconds / 60.0, "minutes", {"steps": steps_done}),
             metric("Average throughput", average, "seq/s", {"steps": steps_done}),
             metric("Peak throughput", peak_throughput, "seq/s", {}),
+            metric("Sequences processed", sequences_processed, "sequences",
+                   {"steps": steps_done, "all ranks": True}),
             metric("Global batch size", global_batch, "sequences",
                    {"formula": "batch_size * grad_accum_usteps * world_size"}),
             metric("Scaling mode", args.scaling_mode, "", {}),
