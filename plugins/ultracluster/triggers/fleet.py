@@ -71,7 +71,7 @@ async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
 
     key = await asyncio.wait_for(
         asyncssh.get_server_host_key(
-            address, port, known_hosts=None,
+            address, port,
             server_host_key_algs=["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"],
         ),
         timeout=timeout,
