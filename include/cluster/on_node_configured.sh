@@ -1,5 +1,6 @@
 #!/bin/bash
-# ParallelCluster OnNodeConfigured action for Trn1 nodes on Ubuntu 20.04 (Image.Os: ubuntu2004).
+# ParallelCluster OnNodeConfigured action for Trn1 nodes on Ubuntu 20.04 / 22.04 / 24.04
+# (Image.Os ubuntu2004 as in the blog; ubuntu2204/2404 for ParallelCluster >= 3.14).
 #
 # render_config uploads this file to the artifacts bucket and references it from the head node and
 # every queue. It runs as root once a node is configured, on every node that boots (dynamic nodes
@@ -23,7 +24,7 @@ NEURON_VENV=/opt/aws_neuron_venv_pytorch
 NEURON_APT_REPO=https://apt.repos.neuron.amazonaws.com
 NEURON_PIP_REPO=https://pip.repos.neuron.amazonaws.com
 NEURON_APT_PACKAGES="aws-neuronx-dkms=2.* aws-neuronx-runtime-lib=2.* aws-neuronx-collectives=2.* aws-neuronx-tools=2.*"
-NEURON_PIP_PACKAGES="neuronx-cc==2.* torch-neuronx==1.13.* transformers==4.* h5py"
+NEURON_PIP_PACKAGES="neuronx-cc==2.* torch-neuronx==2.* transformers==4.* h5py"
 EFA_INSTALLER_URL=https://efa-installer.amazonaws.com/aws-efa-installer-latest.tar.gz
 MARKER=/opt/ultracluster/on_node_configured.done
 LOG_TAG=ultracluster-on-node-configured
@@ -82,10 +83,11 @@ install_efa_if_missing() {
 
 install_neuron_venv() {
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y python3.8-venv g++
+    # The distribution's python3: 3.8 on 20.04, 3.10 on 22.04, 3.12 on 24.04 (all supported by Neuron).
+    apt-get install -y python3-venv g++
     if [[ ! -x ${NEURON_VENV}/bin/python ]]; then
         log "creating ${NEURON_VENV}"
-        python3.8 -m venv "${NEURON_VENV}"
+        python3 -m venv "${NEURON_VENV}"
     fi
     "${NEURON_VENV}/bin/python" -m pip install -U pip
     # shellcheck disable=SC2086

@@ -186,7 +186,7 @@ class RenderClusterConfigOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "network", "cluster_name", "region_name", "key_name", "head_node_instance_type", "instance_type",
+        "network", "cluster_name", "region_name", "key_name", "image_os", "head_node_instance_type", "instance_type",
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
         "artifacts_s3_uri", "dataset_s3_uri", "compile_cache_s3_uri", "extra_tags",
     )
@@ -211,6 +211,7 @@ class RenderClusterConfigOperator(BaseOperator):
         shared_storage_mount_dir: str = "/fsx",
         fsx_storage_capacity_gib: int = 1200,
         extra_tags: dict[str, str] | None = None,
+        image_os: str = "ubuntu2204",
         template_path: str | None = None,
         schema_path: str | None = None,
         on_node_configured_path: str | None = None,
@@ -234,6 +235,7 @@ class RenderClusterConfigOperator(BaseOperator):
         self.shared_storage_mount_dir = shared_storage_mount_dir
         self.fsx_storage_capacity_gib = fsx_storage_capacity_gib
         self.extra_tags = extra_tags
+        self.image_os = image_os
         self.template_path = template_path
         self.schema_path = schema_path
         self.on_node_configured_path = on_node_configured_path
@@ -256,6 +258,7 @@ class RenderClusterConfigOperator(BaseOperator):
         network = self.network or {}
         return {
             "region": self.region_name,
+            "image_os": self.image_os,
             "cluster_name": cluster_name_for(context["run_id"], self.cluster_name),
             "head_node_instance_type": self.head_node_instance_type,
             "public_subnet_id": network.get("public_subnet_id"),

@@ -1,0 +1,187 @@
+"""ParallelClusterHook and the pcluster parser, against recorded pcluster outputs.
+
+The hook runs a real subprocess: a stand-in `pcluster` (tests/fixtures/pcluster/fake_pcluster.py)
+that prints recorded JSON, so argv building, env passing, parsing and typed errors are all exercised.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.fixtures.pcluster.fake_pcluster import RECORDED, FakePcluster
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.parsers.pcluster import (
+    ClusterAlreadyExistsError,
+    ClusterNotFoundError,
+    ClusterValidationError,
+    PclusterError,
+    failures,
+    head_node_address,
+    parse_cli_result,
+    stack_status,
+    tags_dict,
+)
+
+CONN_ID = "pcluster_unit"
+
+
+def recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakePcluster:
+    fake = FakePcluster(tmp_path / "pcluster")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", fake.connection_json(region="us-east-1"))
+    return fake
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+def test_parse_success_returns_json():
+    assert parse_cli_result(0, '{"clusters": []}', "") == {"clusters": []}
+
+
+def test_parse_skips_log_lines_before_json():
+    assert parse_cli_result(0, 'INFO something\n{"status": "RUNNING"}', "") == {"status": "RUNNING"}
+
+
+@pytest.mark.parametrize("name", ["error_describe_cluster_not_found.json", "error_delete_cluster_not_found.json",
+                                  "error_describe_compute_fleet_not_found.json"])
+def test_parse_not_found_is_typed(name):
+    with pytest.raises(ClusterNotFoundError) as err:
+        parse_cli_result(1, recorded(name), "")
+    assert "does not exist" in err.value.message
+    assert err.value.exit_code == 1
+
+
+def test_parse_already_exists_is_typed():
+    with pytest.raises(ClusterAlreadyExistsError, match="already exists"):
+        parse_cli_result(1, recorded("error_cluster_already_exists.json"), "")
+
+
+def test_parse_validation_errors_carry_details():
+    with pytest.raises(ClusterValidationError) as err:
+        parse_cli_result(1, recorded("validation_min_gt_max.json"), "")
+    errors = err.value.configuration_validation_errors
+    assert err.value.message == "Invalid cluster configuration."
+    assert {"ComputeResourceSizeValidator", "KeyPairValidator"} <= {e["type"] for e in errors}
+    assert "Max count must be greater than or equal to min count." in str(err.value)
+
+
+def test_parse_other_errors_keep_pclusters_message():
+    with pytest.raises(PclusterError) as err:
+        parse_cli_result(1, recorded("error_config_file_not_found.json"), "")
+    assert type(err.value) is PclusterError
+    assert err.value.message == "Bad Request: File not found: '/nonexistent.yaml'"
+    assert err.value.payload == json.loads(recorded("error_config_file_not_found.json"))
+
+
+def test_parse_non_json_failure_reports_stderr():
+    with pytest.raises(PclusterError, match="Traceback: boom"):
+        parse_cli_result(2, "", "Traceback: boom")
+
+
+def test_parse_exit_zero_without_json_is_an_error():
+    with pytest.raises(PclusterError, match="did not print a JSON object"):
+        parse_cli_result(0, "not json", "")
+
+
+def test_description_helpers():
+    from tests.fixtures.pcluster.fake_pcluster import FIXTURES
+
+    complete = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
+    failed = json.loads((FIXTURES / "describe_cluster_create_failed.json").read_text())
+    created = json.loads((FIXTURES / "create_cluster.json").read_text())
+    assert head_node_address(complete) == "198.51.100.44"
+    assert tags_dict(complete)["ultracluster:run-id"] == "manual__2026-11-30T08:00:00+00:00"
+    assert failures(failed)[0]["failureCode"] == "OnNodeConfiguredExecutionFailure"
+    # create prints "cloudformationStackStatus", describe "cloudFormationStackStatus".
+    assert stack_status(created) == "CREATE_IN_PROGRESS"
+    assert stack_status(complete) == "CREATE_COMPLETE"
+
+
+# --- hook --------------------------------------------------------------------------------------
+
+def test_create_cluster_argv_and_env(fake, tmp_path):
+    fake.respond("create-cluster", "create_cluster.json")
+    config = tmp_path / "cluster.yaml"
+    config.write_text("Region: us-east-1\n")
+    result = ParallelClusterHook(CONN_ID).create_cluster(
+        "uc-test", str(config), suppress_validators=["type:KeyPairValidator"]
+    )
+    assert result["cluster"]["clusterStatus"] == "CREATE_IN_PROGRESS"
+    assert fake.calls() == [[
+        "create-cluster", "--cluster-name", "uc-test", "--cluster-configuration", str(config),
+        "--rollback-on-failure", "false", "--suppress-validators", "type:KeyPairValidator",
+        "--region", "us-east-1",
+    ]]
+
+
+def test_region_override_wins_over_connection(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_complete.json")
+    ParallelClusterHook(CONN_ID, region_name="us-west-2").describe_cluster("uc-test")
+    assert fake.calls()[0][-2:] == ["--region", "us-west-2"]
+
+
+def test_create_cluster_validation_failure_raises_typed(fake, tmp_path):
+    fake.respond("create-cluster", ("validation_keypair_missing.json", 1))
+    with pytest.raises(ClusterValidationError) as err:
+        ParallelClusterHook(CONN_ID).create_cluster("uc-test", str(tmp_path / "c.yaml"))
+    assert any(e["type"] == "KeyPairValidator" for e in err.value.configuration_validation_errors)
+
+
+def test_describe_and_delete(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_complete.json")
+    fake.respond("delete-cluster", "delete_cluster.json")
+    hook = ParallelClusterHook(CONN_ID)
+    assert hook.describe_cluster("uc-test")["clusterStatus"] == "CREATE_COMPLETE"
+    assert hook.delete_cluster("uc-test")["cluster"]["clusterStatus"] == "DELETE_IN_PROGRESS"
+    assert fake.calls()[1][:3] == ["delete-cluster", "--cluster-name", "uc-test"]
+
+
+def test_describe_missing_cluster_raises_not_found(fake):
+    fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    with pytest.raises(ClusterNotFoundError):
+        ParallelClusterHook(CONN_ID).describe_cluster("nothere")
+
+
+def test_describe_cluster_instances_follows_next_token(fake):
+    fake.respond("describe-cluster-instances", "describe_cluster_instances_page1.json",
+                 "describe_cluster_instances_page2.json")
+    instances = ParallelClusterHook(CONN_ID).describe_cluster_instances("uc-test")
+    assert [i["nodeType"] for i in instances] == ["HeadNode", "ComputeNode"]
+    assert "--next-token" not in fake.calls()[0]
+    assert fake.calls()[1][fake.calls()[1].index("--next-token") + 1] == "page2"
+
+
+def test_list_clusters_and_compute_fleet(fake):
+    fake.respond("list-clusters", "list_clusters.json")
+    fake.respond("describe-compute-fleet", "describe_compute_fleet.json")
+    fake.respond("update-compute-fleet", "update_compute_fleet.json")
+    hook = ParallelClusterHook(CONN_ID)
+    assert [c["clusterName"] for c in hook.list_clusters()] == ["uc-test"]
+    assert hook.describe_compute_fleet("uc-test")["status"] == "RUNNING"
+    assert hook.update_compute_fleet("uc-test", "STOP_REQUESTED")["status"] == "STOP_REQUESTED"
+    assert fake.calls()[2][:5] == ["update-compute-fleet", "--cluster-name", "uc-test", "--status", "STOP_REQUESTED"]
+
+
+def test_adescribe_cluster_runs_async(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    result = asyncio.run(ParallelClusterHook(CONN_ID).adescribe_cluster("uc-test"))
+    assert result["clusterStatus"] == "CREATE_IN_PROGRESS"
+
+
+def test_adescribe_missing_cluster_raises_not_found(fake):
+    fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    with pytest.raises(ClusterNotFoundError):
+        asyncio.run(ParallelClusterHook(CONN_ID).adescribe_cluster("nothere"))
+
+
+def test_missing_binary_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_NOBIN", json.dumps(
+        {"conn_type": "generic", "extra": {"binary": "pcluster-does-not-exist-here"}}))
+    with pytest.raises(PclusterError, match="pcluster-does-not-exist-here.*not found"):
+        ParallelClusterHook("pcluster_nobin").describe_cluster("x")

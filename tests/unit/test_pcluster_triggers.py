@@ -1,0 +1,177 @@
+"""ClusterStatusTrigger (recorded pcluster outputs) and CloudFormationStackTrigger (in-process moto)."""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+
+import pytest
+
+from tests.fixtures.pcluster.fake_pcluster import FakePcluster
+from ultracluster.triggers.pcluster import ClusterStatusTrigger, CloudFormationStackTrigger
+
+CONN_ID = "pcluster_unit"
+RUN_ID = "manual__2026-11-30T08:00:00+00:00"  # the run id tagged in the fixtures
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakePcluster:
+    fake = FakePcluster(tmp_path / "pcluster")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", fake.connection_json())
+    return fake
+
+
+def round_trip(trigger):
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)  # must be plain JSON
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    return rebuilt
+
+
+async def collect(trigger) -> list[dict]:
+    return [event.payload async for event in trigger.run()]
+
+
+def status_trigger(waiter: str, **overrides) -> ClusterStatusTrigger:
+    kwargs = dict(cluster_name="uc-test", waiter_name=waiter, pcluster_conn_id=CONN_ID,
+                  poll_interval=0, max_attempts=5)
+    kwargs.update(overrides)
+    return ClusterStatusTrigger(**kwargs)
+
+
+def test_cluster_status_trigger_serialize_round_trip():
+    trigger = status_trigger("ClusterCreateComplete", region_name="us-east-1", owner_run_id=RUN_ID,
+                             delete_on_kill=True)
+    rebuilt = round_trip(trigger)
+    assert rebuilt.owner_run_id == RUN_ID and rebuilt.delete_on_kill is True
+
+
+def test_create_wait_succeeds_without_leaking_presigned_url(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json",
+                 "describe_cluster_create_in_progress.json", "describe_cluster_create_complete.json")
+    events = asyncio.run(collect(round_trip(status_trigger("ClusterCreateComplete"))))
+    assert len(events) == 1
+    event = events[0]
+    assert event["status"] == "success" and event["cluster_status"] == "CREATE_COMPLETE"
+    assert event["description"]["headNode"]["publicIpAddress"] == "198.51.100.44"
+    assert "SECRETSIGNATURE" not in json.dumps(event)
+    assert fake.verbs() == ["describe-cluster"] * 3
+
+
+def test_create_wait_reports_failures(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json",
+                 "describe_cluster_create_failed.json")
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
+    assert event["status"] == "failure" and event["cluster_status"] == "CREATE_FAILED"
+    assert event["failures"][0]["failureCode"] == "OnNodeConfiguredExecutionFailure"
+
+
+def test_create_wait_fails_when_cluster_vanishes(fake):
+    fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
+    assert event["status"] == "failure" and "does not exist" in event["message"]
+
+
+def test_delete_wait_counts_gone_as_success(fake):
+    fake.respond("describe-cluster", "describe_cluster_delete_in_progress.json",
+                 ("error_describe_cluster_not_found.json", 1))
+    [event] = asyncio.run(collect(status_trigger("ClusterDeleteComplete")))
+    assert event["status"] == "success" and event["cluster_status"] == "DELETE_COMPLETE"
+
+
+def test_delete_wait_reports_delete_failed(fake):
+    fake.respond("describe-cluster", "describe_cluster_delete_failed.json")
+    [event] = asyncio.run(collect(status_trigger("ClusterDeleteComplete")))
+    assert event["status"] == "failure" and event["cluster_status"] == "DELETE_FAILED"
+
+
+def test_transient_cli_errors_are_retried_then_reported(fake):
+    fake.respond("describe-cluster", ("error_config_file_not_found.json", 1))
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=20)))
+    assert event["status"] == "error"
+    assert fake.verbs().count("describe-cluster") == 5  # MAX_CONSECUTIVE_ERRORS
+
+
+def test_a_transient_error_does_not_end_the_wait(fake):
+    fake.respond("describe-cluster", ("error_config_file_not_found.json", 1),
+                 "describe_cluster_create_complete.json")
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
+    assert event["status"] == "success"
+
+
+def test_wait_times_out_after_max_attempts(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=3)))
+    assert event["status"] == "timeout"
+    assert fake.verbs() == ["describe-cluster"] * 3
+
+
+def test_on_kill_deletes_only_this_runs_cluster(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    fake.respond("delete-cluster", "delete_cluster.json")
+    asyncio.run(status_trigger("ClusterCreateComplete", owner_run_id=RUN_ID, delete_on_kill=True).on_kill())
+    assert fake.verbs() == ["describe-cluster", "delete-cluster"]
+
+
+def test_on_kill_leaves_another_runs_cluster(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    asyncio.run(status_trigger("ClusterCreateComplete", owner_run_id="manual__other", delete_on_kill=True).on_kill())
+    assert "delete-cluster" not in fake.verbs()
+
+
+def test_on_kill_of_a_delete_wait_does_nothing(fake):
+    asyncio.run(status_trigger("ClusterDeleteComplete").on_kill())
+    assert fake.calls() == []
+
+
+# --- CloudFormation -----------------------------------------------------------------------------
+
+@pytest.fixture
+def aws(monkeypatch):
+    from moto import mock_aws
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_UNIT", json.dumps({"conn_type": "aws", "extra": {"region_name": "us-east-1"}}))
+    with mock_aws():
+        yield
+
+
+SMALL_TEMPLATE = json.dumps({
+    "Resources": {"Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.1.0.0/16"}}},
+    "Outputs": {"VpcId": {"Value": {"Ref": "Vpc"}}},
+})
+
+
+def stack_trigger(waiter: str, **overrides) -> CloudFormationStackTrigger:
+    kwargs = dict(stack_name="uc-vpc-test", waiter_name=waiter, aws_conn_id="aws_unit", region_name="us-east-1",
+                  waiter_delay=0, waiter_max_attempts=3)
+    kwargs.update(overrides)
+    return CloudFormationStackTrigger(**kwargs)
+
+
+def test_stack_trigger_serialize_round_trip():
+    round_trip(stack_trigger("stack_create_complete"))
+
+
+def test_stack_create_wait_succeeds(aws):
+    import boto3
+
+    boto3.client("cloudformation", region_name="us-east-1").create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
+    [event] = asyncio.run(collect(round_trip(stack_trigger("stack_create_complete"))))
+    assert event["status"] == "success" and event["stack_name"] == "uc-vpc-test"
+
+
+def test_stack_delete_wait_counts_missing_stack_as_success(aws):
+    [event] = asyncio.run(collect(stack_trigger("stack_delete_complete")))
+    assert event["status"] == "success"
+
+
+def test_stack_create_wait_on_missing_stack_is_a_terminal_failure(aws):
+    [event] = asyncio.run(collect(stack_trigger("stack_create_complete", waiter_max_attempts=10)))
+    assert event["status"] == "failure" and event["stack_name"] == "uc-vpc-test"
+    assert "terminal failure" in event["message"]
