@@ -144,7 +144,8 @@ class SlurmJobTrigger(BaseTrigger):
             elif (results := parse.find_results_path(line)) is not None:
                 self._results_path = results
         self.log_offset += end
-        return end > 0 and self.log_offset < chunk_size
+        # Only a read cut at max_bytes means more is waiting; a trailing partial line waits for the next poll.
+        return end > 0 and len(data) >= max_bytes
 
     async def _stream_log(self, slurm: SlurmHook, conn: Any, max_bytes: int = 262_144) -> None:
         # Bounded: a very chatty job cannot keep the loop here forever.
