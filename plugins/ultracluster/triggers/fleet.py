@@ -132,10 +132,16 @@ class ComputeFleetTrigger(BaseTrigger):
             },
         )
 
+    def _slurm(self, head_node: dict[str, Any]):
+        from ultracluster.hooks.head_node import HeadNodeHook
+        from ultracluster.hooks.slurm import SlurmHook
+
+        return SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=head_node))
+
     async def check_once(self, pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
         """One round of both gates: (verdict, reason, head_node or None)."""
-        from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
-        from ultracluster.hooks.slurm import SlurmCommandError, SlurmHook
+        from ultracluster.hooks.head_node import HeadNodeUnreachableError, HostKeyMismatchError
+        from ultracluster.hooks.slurm import SlurmCommandError
         from ultracluster.parsers.pcluster import ClusterNotFoundError, head_node_address
         from ultracluster.parsers.slurm import SlurmParseError, partition_capacity
 
@@ -154,7 +160,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
             self.log.info("Pinned head node %s host key %s", address, self.host_key[:40] + "...")
         head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
-        slurm = SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=head_node))
+        slurm = self._slurm(head_node)
         try:
             nodes = await slurm.asinfo(self.queue)
             capacity = partition_capacity(nodes, self.queue, self.num_nodes)

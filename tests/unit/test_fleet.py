@@ -1,0 +1,242 @@
+"""wait_for_fleet: cluster gate (describe-cluster), Slurm gate (REAL sinfo output), fail-fast
+reasons, first-contact host key, and the sensor's defer/complete path."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException, TaskDeferred
+
+from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
+from ultracluster.hooks.slurm import SlurmHook
+from ultracluster.parsers.pcluster import ClusterNotFoundError
+from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor
+from ultracluster.triggers import fleet as fleet_module
+from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, evaluate_cluster
+
+ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedAtFirstContact"
+
+
+def described(name: str) -> dict:
+    return json.loads((ROOT / "pcluster" / f"describe_cluster_{name}.json").read_text())
+
+
+def sinfo(name: str) -> CommandResult:
+    return CommandResult(0, (ROOT / "slurm" / f"{name}.out").read_text(), "")
+
+
+class FakePcluster:
+    def __init__(self, *descriptions):
+        self.descriptions = list(descriptions)
+
+    async def adescribe_cluster(self, cluster_name):
+        item = self.descriptions.pop(0) if len(self.descriptions) > 1 else self.descriptions[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+class SinfoHeadNode:
+    def __init__(self, *results):
+        self.results = list(results)
+        self.commands = []
+
+    async def arun(self, command, *, conn=None, timeout=None):
+        self.commands.append(command)
+        item = self.results.pop(0) if len(self.results) > 1 else self.results[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+@pytest.fixture
+def first_contact(monkeypatch):
+    calls = []
+
+    async def fetch(address, port, timeout=10):
+        calls.append((address, port))
+        return HOST_KEY
+
+    monkeypatch.setattr(fleet_module, "afetch_host_key", fetch)
+    return calls
+
+
+def make_trigger(head_node: SinfoHeadNode, **kwargs) -> ComputeFleetTrigger:
+    params = dict(cluster_name="uc-run1", num_nodes=2, queue=None, pcluster_conn_id="pcluster_default",
+                  ssh_conn_id="ultracluster_head_node", ssh_port=2222, poke_interval=0)
+    params.update(kwargs)
+    trigger = ComputeFleetTrigger(**params)
+    trigger._slurm = lambda head: (setattr(trigger, "_seen_head", head), SlurmHook(head_node_hook=head_node))[1]
+    return trigger
+
+
+# ---------------------------------------------------------------------------- cluster gate
+
+
+def test_cluster_gate_states():
+    assert evaluate_cluster(described("create_complete"))[0] == READY
+    assert evaluate_cluster(described("create_in_progress"))[0] == WAIT
+    verdict, reason = evaluate_cluster(described("create_failed"))
+    assert verdict == FAIL and "CREATE_FAILED" in reason and "OnNodeConfiguredExecutionFailure" in reason
+    assert evaluate_cluster(described("delete_in_progress"))[0] == FAIL
+    assert evaluate_cluster(described("delete_failed"))[0] == FAIL
+
+
+@pytest.mark.parametrize("fleet, verdict", [("PROTECTED", FAIL), ("STOPPED", FAIL), ("STARTING", WAIT),
+                                            ("START_REQUESTED", WAIT), ("RUNNING", READY)])
+def test_compute_fleet_status(fleet, verdict):
+    description = copy.deepcopy(described("create_complete"))
+    description["computeFleetStatus"] = fleet
+    result, reason = evaluate_cluster(description)
+    assert result == verdict
+    if fleet == "PROTECTED":
+        assert "PROTECTED" in reason and "bootstrap" in reason
+
+
+# ------------------------------------------------------------------------------ both gates
+
+
+def test_ready_on_idle_nodes_returns_pinned_head_node(first_contact):
+    head_node = SinfoHeadNode(sinfo("sinfo_idle"))
+    trigger = make_trigger(head_node, num_nodes=4)
+    verdict, reason, result = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
+    assert verdict == READY, reason
+    assert result == {"cluster_name": "uc-run1", "address": "198.51.100.44", "host_key": HOST_KEY, "partition": "compute1"}
+    assert first_contact == [("198.51.100.44", 2222)]
+    assert trigger._seen_head["host_key"] == HOST_KEY  # the Slurm check already used the pinned key
+
+
+def test_ready_counts_powered_down_dynamic_nodes(first_contact):
+    # both static nodes busy, 2 dynamic nodes idle~: a 2-node job can start (Slurm powers them up)
+    verdict, reason, _ = asyncio.run(
+        make_trigger(SinfoHeadNode(sinfo("sinfo_mix_alloc")), num_nodes=2).check_once(FakePcluster(described("create_complete")))
+    )
+    assert verdict == READY and "idle~ (powered down) 2" in reason
+
+
+def test_waits_while_nodes_are_busy(first_contact):
+    verdict, _, result = asyncio.run(
+        make_trigger(SinfoHeadNode(sinfo("sinfo_mix_alloc")), num_nodes=3).check_once(FakePcluster(described("create_complete")))
+    )
+    assert verdict == WAIT and result is None
+
+
+def test_fails_fast_when_needed_nodes_are_down_or_drained(first_contact):
+    verdict, reason, _ = asyncio.run(
+        make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=2).check_once(FakePcluster(described("create_complete")))
+    )
+    assert verdict == FAIL
+    assert "Kernel panic on boot" in reason and "Not responding" in reason and "ResumeTimeout reached" in reason
+
+
+def test_named_queue_and_unknown_queue(first_contact):
+    ok = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=1, queue="compute2")
+                     .check_once(FakePcluster(described("create_complete"))))
+    assert ok[0] == READY and ok[2]["partition"] == "compute2"
+    bad = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), queue="nope")
+                      .check_once(FakePcluster(described("create_complete"))))
+    assert bad[0] == FAIL and "nope" in bad[1]
+
+
+def test_waits_for_sshd_and_slurm(monkeypatch):
+    async def refuse(address, port, timeout=10):
+        raise ConnectionRefusedError("refused")
+
+    monkeypatch.setattr(fleet_module, "afetch_host_key", refuse)
+    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle"))).check_once(FakePcluster(described("create_complete"))))
+    assert verdict == WAIT and "sshd" in reason
+    trigger = make_trigger(SinfoHeadNode(HeadNodeUnreachableError("reset")), host_key=HOST_KEY)
+    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
+    not_up = CommandResult(1, "", "slurm_load_partitions: Unable to contact slurm controller (connect failure)")
+    trigger = make_trigger(SinfoHeadNode(not_up), host_key=HOST_KEY)
+    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
+
+
+def test_missing_cluster_fails():
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))
+    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(ClusterNotFoundError("Cluster 'uc-run1' does not exist"))))
+    assert verdict == FAIL and "does not exist" in reason
+
+
+def test_known_host_key_is_not_fetched_again(first_contact):
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY)
+    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == READY
+    assert first_contact == []
+
+
+def test_trigger_run_waits_then_fires(first_contact):
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))
+    pcluster = FakePcluster(described("create_in_progress"), described("create_in_progress"), described("create_complete"))
+
+    async def first():
+        import ultracluster.hooks.parallelcluster as pc
+
+        original = pc.ParallelClusterHook
+        pc.ParallelClusterHook = lambda **_: pcluster
+        try:
+            async for event in trigger.run():
+                return event.payload
+        finally:
+            pc.ParallelClusterHook = original
+
+    event = asyncio.run(first())
+    assert event["status"] == "success" and event["head_node"]["host_key"] == HOST_KEY
+
+
+def test_trigger_serialize_round_trip():
+    trigger = ComputeFleetTrigger(cluster_name="c", num_nodes=2, queue="compute1", pcluster_conn_id="p",
+                                  ssh_conn_id="s", ssh_port=2222, host_key=HOST_KEY, poke_interval=5)
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    assert cls(**kwargs).serialize() == (classpath, kwargs)
+    json.dumps(kwargs)
+
+
+# ---------------------------------------------------------------------------------- sensor
+
+
+class DictStore(dict):
+    def set(self, key, value, **_):
+        self[key] = value
+
+
+def ctx(store):
+    return {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="wait_for_fleet", map_index=-1), "task_state_store": store}
+
+
+@pytest.fixture
+def ssh_conn(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps({"conn_type": "ssh", "login": "ultracluster", "port": 2222}))
+
+
+def test_sensor_defers_with_stored_host_key(ssh_conn):
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2, timeout=600)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(ctx(DictStore({STATE_KEY_HOST_KEY: HOST_KEY})))
+    trigger = deferred.value.trigger
+    assert trigger.host_key == HOST_KEY and trigger.ssh_port == 2222 and trigger.num_nodes == 2
+    assert deferred.value.timeout.total_seconds() == 600
+
+
+def test_sensor_complete_returns_head_node_and_keeps_key():
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
+    store = DictStore()
+    head = {"cluster_name": "uc-run1", "address": "127.100.1.1", "host_key": HOST_KEY, "partition": "compute1"}
+    assert sensor.execute_complete(ctx(store), {"status": "success", "head_node": head, "message": "ok"}) == head
+    assert store[STATE_KEY_HOST_KEY] == HOST_KEY
+    with pytest.raises(AirflowException, match="PROTECTED"):
+        sensor.execute_complete(ctx(store), {"status": "failed", "message": "Compute fleet of x is PROTECTED"})
+
+
+@pytest.mark.parametrize("num_nodes", [0, "x", -1])
+def test_sensor_rejects_bad_num_nodes(num_nodes):
+    with pytest.raises(ValueError, match="num_nodes"):
+        ComputeFleetSensor(task_id="w", cluster_name="c", num_nodes=num_nodes).execute(ctx(DictStore()))
