@@ -271,6 +271,11 @@ class CreateVpcStackOperator(BaseOperator):
 
 
 # --- deletion with dependency repair ---------------------------------------------------------
+# CloudFormation tags every EC2 resource it creates with the stack name: that finds a stack's
+# resources even when the stack has forgotten them (moto marks a stack DELETE_COMPLETE after a
+# refused delete and leaves the VPC, IGW, NAT gateway and route tables behind).
+STACK_NAME_TAG = "aws:cloudformation:stack-name"
+
 
 def _stack_resources(cfn, stack_name: str) -> list[dict]:
     from botocore.exceptions import ClientError
@@ -282,19 +287,25 @@ def _stack_resources(cfn, stack_name: str) -> list[dict]:
         return []
 
 
-def repair_stack_dependencies(cfn, ec2, stack_name: str, log) -> list[str]:
-    """
-    Remove, through EC2, what blocks a VPC stack's deletion; return what was removed.
+def _stack_vpc_ids(cfn, ec2, stack_name: str) -> list[str]:
+    ids = {r["PhysicalResourceId"] for r in _stack_resources(cfn, stack_name)
+           if r["ResourceType"] == "AWS::EC2::VPC" and r.get("PhysicalResourceId")}
+    tagged = ec2.describe_vpcs(Filters=[{"Name": f"tag:{STACK_NAME_TAG}", "Values": [stack_name]}])["Vpcs"]
+    return sorted(ids | {v["VpcId"] for v in tagged})
 
-    Only resources of this stack's VPC are touched: route table associations, non-local routes and
-    non-main route tables (moto's DependencyViolation), VPC endpoints, NAT gateways and the stack's
-    Elastic IPs. CloudFormation then deletes the rest.
+
+def remove_stack_network(cfn, ec2, stack_name: str, log, *, include_vpc: bool) -> list[str]:
+    """
+    Remove, through EC2, the resources of this stack's VPC; return what was removed.
+
+    ``include_vpc=False`` (the stack still exists) clears what blocks its deletion: VPC endpoints,
+    NAT gateways and their Elastic IPs, route table associations, routes and route tables.
+    ``include_vpc=True`` (the stack is gone but left resources) also removes the internet gateway,
+    subnets, security groups and the VPC itself. Only resources of a VPC tagged with or listed in
+    this stack are touched.
     """
     from botocore.exceptions import ClientError
 
-    resources = _stack_resources(cfn, stack_name)
-    vpc_ids = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::EC2::VPC" and r.get("PhysicalResourceId")]
-    eip_ids = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::EC2::EIP" and r.get("PhysicalResourceId")]
     removed: list[str] = []
 
     def attempt(label: str, call, **kwargs) -> None:
@@ -304,12 +315,25 @@ def repair_stack_dependencies(cfn, ec2, stack_name: str, log) -> list[str]:
         except ClientError as err:
             log.warning("Could not remove %s: %s", label, err)
 
-    for vpc_id in vpc_ids:
-        vpc_filter = [{"Name": "vpc-id", "Values": [vpc_id]}]
-        for endpoint in ec2.describe_vpc_endpoints(Filters=vpc_filter).get("VpcEndpoints", []):
-            attempt(f"vpc endpoint {endpoint['VpcEndpointId']}", ec2.delete_vpc_endpoints,
-                    VpcEndpointIds=[endpoint["VpcEndpointId"]])
-        for table in ec2.describe_route_tables(Filters=vpc_filter).get("RouteTables", []):
+    eip_ids = {r["PhysicalResourceId"] for r in _stack_resources(cfn, stack_name)
+               if r["ResourceType"] == "AWS::EC2::EIP" and str(r.get("PhysicalResourceId", "")).startswith("eipalloc-")}
+    for vpc_id in _stack_vpc_ids(cfn, ec2, stack_name):
+        in_vpc = [{"Name": "vpc-id", "Values": [vpc_id]}]
+        for endpoint in ec2.describe_vpc_endpoints(Filters=in_vpc).get("VpcEndpoints", []):
+            if endpoint.get("State", "").lower() not in ("deleted", "deleting"):
+                attempt(f"VPC endpoint {endpoint['VpcEndpointId']}", ec2.delete_vpc_endpoints,
+                        VpcEndpointIds=[endpoint["VpcEndpointId"]])
+        nats = [n for n in ec2.describe_nat_gateways(Filters=in_vpc).get("NatGateways", [])
+                if n.get("State") not in ("deleted", "deleting")]
+        for nat in nats:
+            eip_ids |= {a["AllocationId"] for a in nat.get("NatGatewayAddresses", []) if a.get("AllocationId")}
+            attempt(f"NAT gateway {nat['NatGatewayId']}", ec2.delete_nat_gateway, NatGatewayId=nat["NatGatewayId"])
+        if nats:
+            # An Elastic IP cannot be released while its NAT gateway still holds it.
+            ec2.get_waiter("nat_gateway_deleted").wait(
+                NatGatewayIds=[n["NatGatewayId"] for n in nats], WaiterConfig={"Delay": 15, "MaxAttempts": 40}
+            )
+        for table in ec2.describe_route_tables(Filters=in_vpc).get("RouteTables", []):
             if any(a.get("Main") for a in table.get("Associations", [])):
                 continue  # the main table goes with the VPC
             for association in table.get("Associations", []):
@@ -318,43 +342,47 @@ def repair_stack_dependencies(cfn, ec2, stack_name: str, log) -> list[str]:
             for route in table.get("Routes", []):
                 if route.get("GatewayId") == "local" or "DestinationCidrBlock" not in route:
                     continue
-                attempt(f"route {route['DestinationCidrBlock']} in {table['RouteTableId']}", ec2.delete_route,
+                attempt(f"route {route['DestinationCidrBlock']} of {table['RouteTableId']}", ec2.delete_route,
                         RouteTableId=table["RouteTableId"], DestinationCidrBlock=route["DestinationCidrBlock"])
             attempt(f"route table {table['RouteTableId']}", ec2.delete_route_table, RouteTableId=table["RouteTableId"])
-        nat_ids = [
-            n["NatGatewayId"]
-            for n in ec2.describe_nat_gateways(Filters=vpc_filter).get("NatGateways", [])
-            if n.get("State") not in ("deleted", "deleting")
-        ]
-        for nat_id in nat_ids:
-            attempt(f"NAT gateway {nat_id}", ec2.delete_nat_gateway, NatGatewayId=nat_id)
-        if nat_ids:
-            # An EIP cannot be released while its NAT gateway still holds it.
-            ec2.get_waiter("nat_gateway_deleted").wait(NatGatewayIds=nat_ids, WaiterConfig={"Delay": 15, "MaxAttempts": 40})
-    for allocation_id in eip_ids:
-        if allocation_id.startswith("eipalloc-"):
-            attempt(f"elastic IP {allocation_id}", ec2.release_address, AllocationId=allocation_id)
-    log.info("Removed stack dependencies: %s", removed or "nothing")
+        if include_vpc:
+            gateways = ec2.describe_internet_gateways(
+                Filters=[{"Name": "attachment.vpc-id", "Values": [vpc_id]}]).get("InternetGateways", [])
+            for gateway in gateways:
+                attempt(f"internet gateway attachment {gateway['InternetGatewayId']}", ec2.detach_internet_gateway,
+                        InternetGatewayId=gateway["InternetGatewayId"], VpcId=vpc_id)
+                attempt(f"internet gateway {gateway['InternetGatewayId']}", ec2.delete_internet_gateway,
+                        InternetGatewayId=gateway["InternetGatewayId"])
+            for subnet in ec2.describe_subnets(Filters=in_vpc).get("Subnets", []):
+                attempt(f"subnet {subnet['SubnetId']}", ec2.delete_subnet, SubnetId=subnet["SubnetId"])
+            for group in ec2.describe_security_groups(Filters=in_vpc).get("SecurityGroups", []):
+                if group.get("GroupName") != "default":
+                    attempt(f"security group {group['GroupId']}", ec2.delete_security_group, GroupId=group["GroupId"])
+            attempt(f"VPC {vpc_id}", ec2.delete_vpc, VpcId=vpc_id)
+    for allocation_id in sorted(eip_ids):
+        attempt(f"Elastic IP {allocation_id}", ec2.release_address, AllocationId=allocation_id)
+    log.info("Removed for stack %s: %s", stack_name, removed or "nothing")
     return removed
 
 
-def leftover_resources(cfn, stack_name: str) -> list[str]:
-    """Resources of a stack that still exist, as 'Type id (status)'."""
-    return [
+def leftover_resources(cfn, ec2, stack_name: str) -> list[str]:
+    """What of a stack still exists: its live resources, or its VPC when the stack is gone."""
+    live = [
         f"{r['ResourceType']} {r.get('PhysicalResourceId')} ({r.get('ResourceStatus')})"
         for r in _stack_resources(cfn, stack_name)
         if r.get("ResourceStatus") != "DELETE_COMPLETE" and r.get("PhysicalResourceId")
     ]
+    orphans = [f"AWS::EC2::VPC {vpc_id} (left by the stack)" for vpc_id in _stack_vpc_ids(cfn, ec2, stack_name)]
+    return sorted(set(live + orphans))
 
 
 def start_stack_delete(hook, ec2, stack_name: str, log) -> bool:
-    """delete_stack, repairing dependencies once if it is refused; True when the stack is gone."""
+    """delete_stack, clearing dependencies once if it is refused; True when the stack is gone."""
     from botocore.exceptions import ClientError
 
     cfn = hook.get_conn()
     for attempt in (1, 2):
-        status = hook.get_stack_status(stack_name)
-        if status in _GONE:
+        if hook.get_stack_status(stack_name) in _GONE:
             return True
         try:
             hook.delete_stack(stack_name)
@@ -363,31 +391,42 @@ def start_stack_delete(hook, ec2, stack_name: str, log) -> bool:
             if err.response.get("Error", {}).get("Code") != "DependencyViolation" or attempt == 2:
                 raise
             log.warning("Deleting stack %s refused: %s; removing its dependencies", stack_name, err)
-            repair_stack_dependencies(cfn, ec2, stack_name, log)
+            remove_stack_network(cfn, ec2, stack_name, log, include_vpc=False)
             continue
-        return hook.get_stack_status(stack_name) in _GONE
+        break
     return hook.get_stack_status(stack_name) in _GONE
 
 
+def finish_stack_delete(hook, ec2, stack_name: str, log) -> list[str]:
+    """Once the stack is gone: remove anything it left behind; return what still exists."""
+    cfn = hook.get_conn()
+    if _stack_vpc_ids(cfn, ec2, stack_name):
+        log.warning("Stack %s is gone but left its VPC behind: removing it through EC2", stack_name)
+        remove_stack_network(cfn, ec2, stack_name, log, include_vpc=True)
+    return leftover_resources(cfn, ec2, stack_name) if hook.get_stack_status(stack_name) not in _GONE else [
+        item for item in leftover_resources(cfn, ec2, stack_name) if "left by the stack" in item
+    ]
+
+
 def delete_stack_with_repair(hook, ec2, stack_name: str, log, rounds: int = 2) -> list[str]:
-    """Synchronous delete + wait + repair rounds; returns leftovers (empty when deleted)."""
+    """Synchronous delete + wait + repair rounds; returns leftovers (empty when all is gone)."""
     from botocore.exceptions import WaiterError
 
     cfn = hook.get_conn()
     for _ in range(rounds):
         if start_stack_delete(hook, ec2, stack_name, log):
-            return []
+            return finish_stack_delete(hook, ec2, stack_name, log)
         try:
             hook.get_waiter("stack_delete_complete").wait(
                 StackName=stack_name, WaiterConfig={"Delay": 15, "MaxAttempts": 120}
             )
-            return []
+            return finish_stack_delete(hook, ec2, stack_name, log)
         except WaiterError as err:
-            log.warning("Stack %s did not delete: %s; repairing", stack_name, err)
-            repair_stack_dependencies(cfn, ec2, stack_name, log)
+            log.warning("Stack %s did not delete: %s; removing its dependencies", stack_name, err)
+            remove_stack_network(cfn, ec2, stack_name, log, include_vpc=False)
     if hook.get_stack_status(stack_name) in _GONE:
-        return []
-    return leftover_resources(cfn, stack_name) or [f"stack {stack_name} ({hook.get_stack_status(stack_name)})"]
+        return finish_stack_delete(hook, ec2, stack_name, log)
+    return leftover_resources(cfn, ec2, stack_name) or [f"stack {stack_name} ({hook.get_stack_status(stack_name)})"]
 
 
 class DeleteVpcStackOperator(BaseOperator):
@@ -454,8 +493,7 @@ class DeleteVpcStackOperator(BaseOperator):
         hook = self._cfn_hook()
         ec2 = self._ec2_client()
         if start_stack_delete(hook, ec2, stack_name, self.log):
-            self.log.info("Stack %s deleted", stack_name)
-            return {"deleted": True, "stack_name": stack_name}
+            return self._finish(hook, ec2, stack_name)
         if self.deferrable:
             from ultracluster.triggers.pcluster import CloudFormationStackTrigger
 
@@ -473,21 +511,28 @@ class DeleteVpcStackOperator(BaseOperator):
             )
         leftovers = delete_stack_with_repair(hook, ec2, stack_name, self.log, rounds=self.max_repair_rounds)
         if leftovers:
-            raise RuntimeError(f"Stack {stack_name} not deleted; left: {', '.join(leftovers)}")
+            raise RuntimeError(f"Stack {stack_name} not fully deleted; left: {', '.join(leftovers)}")
+        return {"deleted": True, "stack_name": stack_name}
+
+    def _finish(self, hook, ec2, stack_name: str) -> dict:
+        leftovers = finish_stack_delete(hook, ec2, stack_name, self.log)
+        if leftovers:
+            raise RuntimeError(f"Stack {stack_name} deleted but left: {', '.join(leftovers)}")
+        self.log.info("Stack %s deleted", stack_name)
         return {"deleted": True, "stack_name": stack_name}
 
     def execute_complete(self, context: Context, event: dict[str, Any], repair_round: int = 0) -> dict:
         stack_name = event.get("stack_name") or self._target()
-        if event.get("status") == "success":
-            self.log.info("Stack %s deleted", stack_name)
-            return {"deleted": True, "stack_name": stack_name}
         hook = self._cfn_hook()
+        ec2 = self._ec2_client()
+        if event.get("status") == "success":
+            return self._finish(hook, ec2, stack_name)
         self.log.warning("Deleting stack %s: %s", stack_name, event.get("message"))
         if repair_round >= self.max_repair_rounds:
-            leftovers = leftover_resources(hook.get_conn(), stack_name)
+            leftovers = leftover_resources(hook.get_conn(), ec2, stack_name)
             raise RuntimeError(
                 f"Stack {stack_name} not deleted after {repair_round} repair rounds; left: "
                 + (", ".join(leftovers) or f"the stack ({hook.get_stack_status(stack_name)})")
             )
-        repair_stack_dependencies(hook.get_conn(), self._ec2_client(), stack_name, self.log)
+        remove_stack_network(hook.get_conn(), ec2, stack_name, self.log, include_vpc=False)
         return self._delete_round(context, stack_name, repair_round + 1)
