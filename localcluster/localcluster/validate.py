@@ -25,6 +25,7 @@ MAX_COMPUTE_RESOURCES = 50
 QUEUE_NAME_MAX = 25
 CLUSTER_NAME_MAX = 60
 CLUSTER_NAME_MAX_WITH_ACCOUNTING = 40
+MAX_NEW_FSX = 1
 _NAME_RE = re.compile(r"^[a-z][a-z0-9\-]*$")
 
 
@@ -218,6 +219,12 @@ def storage_findings(config: dict[str, Any]) -> list[Finding]:
     storages = config.get("SharedStorage") or []
     found = [validation_error("ERROR", "DuplicateNameValidator", f"Shared Storage name {name} must be unique.")
              for name in _duplicates([s["Name"] for s in storages])]
+    new_fsx = [s for s in storages if s["StorageType"] == "FsxLustre"
+               and not (s.get("FsxLustreSettings") or {}).get("FileSystemId")]
+    if len(new_fsx) > MAX_NEW_FSX:
+        found.append(validation_error("ERROR", "NumberOfStorageValidator",
+                                      "Too many new FSx shared storage specified in the configuration. "
+                                      f"ParallelCluster supports {MAX_NEW_FSX} new FSx."))
     for mount in _duplicates([s["MountDir"] for s in storages]):
         users = [s["Name"] for s in storages if s["MountDir"] == mount]
         found.append(validation_error(
