@@ -1,0 +1,214 @@
+"""download_data end to end on this machine: a real moto S3 server (the localcluster venv's
+moto_server on loopback), S3Hook presigned URLs, and the real built commands run by a local bash
+standing in for the head node (curl, tar, sha256sum, the marker)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException
+
+import ultracluster.hooks.head_node as head_node_module
+from ultracluster.hooks.head_node import CommandResult
+from ultracluster.operators.dataset import DownloadDatasetOperator, marker_matches, parse_s3_uri
+
+MOTO_SERVER = Path(__file__).resolve().parents[2] / ".venvs" / "localcluster" / "bin" / "moto_server"
+KEY = "training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
+URI = f"s3://neuron-s3/{KEY}"
+HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
+
+
+def free_port(low: int, high: int) -> int:
+    for port in range(low, high):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    if not MOTO_SERVER.exists():
+        pytest.skip("moto_server (localcluster venv) not installed")
+    port = free_port(47160, 47200)
+    process = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def aws_conn(moto_endpoint, monkeypatch):
+    import boto3
+
+    monkeypatch.setenv("AIRFLOW_CONN_UC_TEST_AWS", json.dumps({
+        "conn_type": "aws", "login": "testing", "password": "testing",
+        "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
+    }))
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
+    client.create_bucket(Bucket="neuron-s3")
+    return client
+
+
+class LocalShellHeadNode:
+    """Runs the real RemoteCommand text in a local bash: what the head node would execute."""
+
+    def __init__(self):
+        self.commands = []
+
+    def run(self, command, *, timeout=None):
+        self.commands.append(command)
+        done = subprocess.run(["bash", "-c", command.shell], input=command.stdin, capture_output=True, text=True, timeout=120)
+        return CommandResult(done.returncode, done.stdout, done.stderr)
+
+    def check(self, command, *, timeout=None):
+        result = self.run(command)
+        if not result.ok:
+            raise RuntimeError(f"`{command}` failed: {result.stderr}")
+        return result
+
+    def put_file(self, local, remote, *, mode=None):
+        shutil.copy(local, remote)
+
+
+@pytest.fixture
+def head(monkeypatch):
+    shell = LocalShellHeadNode()
+    monkeypatch.setattr(head_node_module, "HeadNodeHook", lambda **_: shell)
+    return shell
+
+
+def make_tar(files: dict[str, bytes], manifest: bool = True, corrupt: str | None = None) -> bytes:
+    top = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
+    members = dict(files)
+    if manifest:
+        lines = [f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items()]
+        members["SHA256SUMS"] = "".join(lines).encode()
+    if corrupt:
+        members[corrupt] = b"tampered"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+FILES = {f"wikicorpus_en_training_{i}.hdf5": os.urandom(2048) for i in range(3)}
+
+
+def operator(tmp_path, **kwargs):
+    params = dict(task_id="download_data", head_node=HEAD, dataset_s3_uri=URI, data_dir=str(tmp_path / "fsx" / "data"),
+                  aws_conn_id="uc_test_aws", expected_min_files=3)
+    params.update(kwargs)
+    return DownloadDatasetOperator(**params)
+
+
+CTX = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="download_data", map_index=-1)}
+
+
+def test_download_unpack_verify_then_skip(tmp_path, aws_conn, head, capsys):
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES))
+    result = operator(tmp_path).execute(CTX)
+    data_dir = tmp_path / "fsx" / "data" / "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
+    assert result == {"data_dir": str(data_dir), "files": 3, "skipped": False}
+    assert sorted(p.name for p in data_dir.glob("*_training_*.hdf5")) == sorted(FILES)
+    assert (data_dir / "wikicorpus_en_training_1.hdf5").read_bytes() == FILES["wikicorpus_en_training_1.hdf5"]
+    assert not (tmp_path / "fsx" / "data" / "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar").exists()
+    marker = json.loads(next((tmp_path / "fsx" / "data").glob(".ultracluster-dataset-*.json")).read_text())
+    assert marker["source"] == URI and marker["files"] == 3 and marker["etag"]
+
+    # the presigned URL (a secret) never appears in a command line, a log line or the result
+    curl = [c for c in head.commands if "curl" in c.shell]
+    assert len(curl) == 1 and "Signature=" in curl[0].stdin
+    assert all("Signature=" not in c.shell and "Signature=" not in str(c) for c in head.commands)
+    assert "Signature=" not in capsys.readouterr().out + json.dumps(result)
+
+    head.commands.clear()
+    again = operator(tmp_path).execute(CTX)
+    assert again == {"data_dir": str(data_dir), "files": 3, "skipped": True}
+    assert not any("curl" in c.shell for c in head.commands)
+
+
+def test_changed_source_is_downloaded_again(tmp_path, aws_conn, head):
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES))
+    operator(tmp_path).execute(CTX)
+    more = {**FILES, "wikicorpus_en_training_3.hdf5": b"four"}
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(more))
+    result = operator(tmp_path).execute(CTX)
+    assert result["skipped"] is False and result["files"] == 4
+
+
+def test_checksum_manifest_mismatch_fails(tmp_path, aws_conn, head):
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES, corrupt="wikicorpus_en_training_0.hdf5"))
+    with pytest.raises(AirflowException, match="Checksum manifest check failed"):
+        operator(tmp_path).execute(CTX)
+    assert not list((tmp_path / "fsx" / "data").glob(".ultracluster-dataset-*.json"))  # no marker: a retry redoes it
+
+
+def test_too_few_files_fails(tmp_path, aws_conn, head):
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES, manifest=False))
+    with pytest.raises(AirflowException, match="holds 3 file.*expected at least 5"):
+        operator(tmp_path, expected_min_files=5).execute(CTX)
+
+
+def test_sha256_sidecar_is_checked(tmp_path, aws_conn, head):
+    body = make_tar(FILES)
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=body)
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY + ".sha256", Body=b"0" * 64 + b"  x.tar\n")
+    with pytest.raises(AirflowException, match="SHA-256"):
+        operator(tmp_path).execute(CTX)
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY + ".sha256", Body=(hashlib.sha256(body).hexdigest() + "  x.tar\n").encode())
+    assert operator(tmp_path).execute(CTX)["files"] == 3
+
+
+def test_missing_object_is_a_clear_error(tmp_path, aws_conn, head):
+    with pytest.raises(AirflowException, match="does not exist"):
+        operator(tmp_path).execute(CTX)
+    assert head.commands == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"dataset_s3_uri": "https://neuron-s3/x.tar"}, {"dataset_s3_uri": "s3://neuron-s3/"},
+    {"data_dir": "relative"}, {"expected_min_files": 0},
+])
+def test_bad_input_fails_before_anything(tmp_path, head, kwargs):
+    with pytest.raises(ValueError):
+        operator(tmp_path, **kwargs).execute(CTX)
+    assert head.commands == []
+
+
+def test_marker_matching():
+    marker = json.dumps({"source": URI, "etag": "abc", "size": 10, "files": 3})
+    assert marker_matches(marker, URI, "abc", 10)
+    assert not marker_matches(marker, URI, "abd", 10)
+    assert not marker_matches(marker, URI, "abc", 11)
+    assert not marker_matches(marker, "s3://other/x.tar", "abc", 10)
+    assert not marker_matches("", URI, "abc", 10) and not marker_matches("{bad", URI, "abc", 10)
+    assert parse_s3_uri(URI) == ("neuron-s3", KEY)
