@@ -1,0 +1,183 @@
+"""The run script and training program on this machine, without a Slurm cluster.
+
+Each 'node' is the real run script started with the variables srun sets for it (SLURM_NTASKS,
+SLURM_NODEID, SLURM_JOB_ID, SLURM_JOB_NODELIST); they rendezvous on 127.0.0.1 and train the tiny
+BERT with torchrun + gloo. tests/training/test_slurm_cluster.py runs the same through sbatch.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.support import (TINY_ENV, base_env, metric_values, processes_mentioning, progress_lines,
+                                    results_path, run_emulated, run_script_once, slurm_env, validate_results,
+                                    EmulatedNodes)
+
+pytestmark = pytest.mark.training
+
+
+def tiny_env(data_dir: Path, output_root: Path, **knobs: str) -> dict[str, str]:
+    return base_env(**{**TINY_ENV, "DATA_DIR": str(data_dir), "OUTPUT_ROOT": str(output_root),
+                       "COMPILE_CACHE_DIR": str(output_root / "compile_cache"), **knobs})
+
+
+# ---------------------------------------------------------------- errors before launch
+@pytest.mark.parametrize("case", ["empty_data_dir", "missing_data_dir", "non_dividing_nodes",
+                                  "zero_accumulation", "world_size_over_files", "unknown_model_size",
+                                  "unknown_scaling_mode", "bad_number"])
+def test_bad_input_is_refused_before_launch(case, training_python, data_dir, few_shards, tmp_path):
+    nodes, knobs = 2, {}
+    if case == "empty_data_dir":
+        (tmp_path / "empty").mkdir()
+        knobs, expected = {"DATA_DIR": str(tmp_path / "empty")}, "holds no *_training_*.hdf5 files"
+    elif case == "missing_data_dir":
+        knobs, expected = {"DATA_DIR": str(tmp_path / "nowhere")}, "does not exist"
+    elif case == "non_dividing_nodes":
+        nodes, knobs = 3, {"SCALING_MODE": "strong", "GRAD_ACCUM_USTEPS": "32"}
+        expected = "GRAD_ACCUM_USTEPS=32 is not divisible by 3 nodes"
+    elif case == "zero_accumulation":
+        nodes, knobs = 3, {"SCALING_MODE": "strong", "GRAD_ACCUM_USTEPS": "2"}
+        expected = "3 nodes would leave 0 of GRAD_ACCUM_USTEPS=2"
+    elif case == "world_size_over_files":
+        knobs, expected = {"DATA_DIR": str(few_shards(1))}, "world size 2 (2 nodes x 1 workers) exceeds the 1"
+    elif case == "unknown_model_size":
+        knobs, expected = {"MODEL_SIZE": "huge"}, "unknown MODEL_SIZE 'huge' (known: large tiny)"
+    elif case == "unknown_scaling_mode":
+        knobs, expected = {"SCALING_MODE": "linear"}, "SCALING_MODE must be 'strong' or 'weak'"
+    else:
+        knobs, expected = {"BATCH_SIZE": "8x"}, "BATCH_SIZE must be a positive integer, got '8x'"
+
+    env = {**tiny_env(data_dir, tmp_path / "out", GRAD_ACCUM_USTEPS="2"), **knobs,
+           **slurm_env(nodes, 0, "501"), "MASTER_ADDR": "127.0.0.1"}
+    done = run_script_once(env)
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stdout.splitlines() if line.startswith("UC_ERROR ")]
+    assert len(errors) == 1 and expected in errors[0], done.stdout
+    assert not (tmp_path / "out").exists()  # refused before creating outputs or launching
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_weak_scaling_accepts_a_node_count_strong_scaling_refuses(training_python, data_dir, tmp_path):
+    # Only the pre-launch checks: an unresolvable master stops the script right after them.
+    env = {**tiny_env(data_dir, tmp_path / "out", GRAD_ACCUM_USTEPS="32", SCALING_MODE="weak"),
+           **slurm_env(3, 0, "502"), "MASTER_ADDR": "no-such-host.invalid"}
+    done = run_script_once(env)
+    assert done.returncode == 2
+    assert "UC_ERROR master host 'no-such-host.invalid' does not resolve" in done.stdout
+
+
+# ---------------------------------------------------------------- training across 2 nodes
+def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tmp_path):
+    env = tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", SCALING_MODE="strong")
+    codes, out = run_emulated(2, "601", env, tmp_path)
+    assert codes == [0, 0], out[-3000:]
+
+    progress = progress_lines(out)
+    assert [p.step for p in progress] == list(range(1, 41))
+    assert {p.total for p in progress} == {40}
+    first, last = progress[:5], progress[-5:]
+    assert sum(p.loss for p in last) / 5 < sum(p.loss for p in first) / 5 - 1.0  # clearly learning
+    assert max(p.lr for p in progress) == pytest.approx(0.001, abs=1e-6)     # warmup reaches the peak
+    assert progress[-1].eta_s == 0 and all(p.throughput > 0 for p in progress)
+
+    path = results_path(out)
+    output_dir = tmp_path / "output_601"
+    assert path == output_dir / "results.json"
+    results = json.loads(path.read_text())
+    validate_results(results)
+    params = results["results"]["parameters"]
+    assert params["World size"] == 2 and params["Number of nodes"] == 2
+    assert params["Gradient accumulation microsteps"] == 1 and params["Global batch size"] == 16
+    assert metric_values(results, "Sequences processed") == [16 * 40]
+    assert metric_values(results, "Final loss") == [pytest.approx(progress[-1].loss, abs=1e-6)]
+    assert len(metric_values(results, "Loss")) == 40
+    assert metric_values(results, "Compile cache misses") == [0]
+
+    logs = sorted(p.name for p in output_dir.glob("log_ph1_bf16_*"))
+    assert logs == ["log_ph1_bf16_0_2", "log_ph1_bf16_1_2"]
+    assert "UC_PROGRESS" not in (output_dir / "log_ph1_bf16_1_2").read_text()  # rank 0 reports
+    assert sorted(p.name for p in (output_dir / "checkpoints").iterdir()) == ["ckpt_30.pt", "ckpt_40.pt"]
+
+
+def test_strong_and_weak_scaling_give_the_formula_global_batch(training_python, data_dir, tmp_path):
+    found = {}
+    for mode, job in (("strong", "611"), ("weak", "612")):
+        env = tiny_env(data_dir, tmp_path, MAX_STEPS="3", GRAD_ACCUM_USTEPS="4", SCALING_MODE=mode)
+        codes, out = run_emulated(2, job, env, tmp_path)
+        assert codes == [0, 0], out[-3000:]
+        results = json.loads(results_path(out).read_text())
+        validate_results(results)
+        info = next(line for line in out.splitlines() if line.startswith("UC_INFO node=0/2"))
+        found[mode] = (results["results"]["parameters"], metric_values(results, "Sequences processed")[0], info)
+
+    # strong: BATCH * (GRAD_ACCUM / nodes) * nodes = 8 * 2 * 2; weak: BATCH * GRAD_ACCUM * nodes = 8 * 4 * 2
+    for mode, accum, global_batch in (("strong", 2, 32), ("weak", 4, 64)):
+        params, sequences, info = found[mode]
+        assert params["Gradient accumulation microsteps"] == accum
+        assert params["Global batch size"] == global_batch
+        assert f"grad_accum_usteps={accum} global_batch={global_batch}" in info
+        assert sequences == global_batch * 3  # what the ranks really consumed
+
+
+def test_killed_job_resumes_from_checkpoint_without_repeating_steps(training_python, data_dir, tmp_path):
+    env = tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", STEPS_PER_CKPT="10")
+    first = EmulatedNodes(2, "621", env, tmp_path)
+    checkpoints = tmp_path / "output_621" / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not any(p.step >= 22 for p in progress_lines(first.output(0))):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in first.processes), first.output(0)
+        time.sleep(0.2)
+    first.kill()  # like Slurm killing the job's processes on every node
+    killed_at = max(p.step for p in progress_lines(first.output(0)))
+    saved = sorted(int(p.stem.split("_")[1]) for p in checkpoints.glob("ckpt_*.pt"))
+    assert saved and saved[-1] == 20 and killed_at < 40
+    assert not (tmp_path / "output_621" / "results.json").exists()
+
+    # Resubmitted: a new job id, pointed at the killed job's output dir.
+    codes, out = run_emulated(2, "622", {**env, "RESUME_DIR": str(tmp_path / "output_621")}, tmp_path)
+    assert codes == [0, 0], out[-3000:]
+    assert f"resuming from {checkpoints / 'ckpt_20.pt'} at step 20" in out
+    resumed = progress_lines(out)
+    assert [p.step for p in resumed] == list(range(21, 41))
+    before = {p.step: p for p in progress_lines(first.output(0))}
+    # The model continued (loss near where it was), it did not restart from scratch (~11).
+    assert resumed[0].loss < before[1].loss - 0.5
+    assert resumed[0].lr == pytest.approx(before[21].lr, abs=1e-6)
+    results = json.loads(results_path(out).read_text())
+    validate_results(results)
+    params = results["results"]["parameters"]
+    assert params["Start step"] == 20 and params["End step"] == 40
+    assert params["Resumed from"] == str(checkpoints / "ckpt_20.pt")
+    assert metric_values(results, "Sequences processed") == [16 * 20]
+
+
+def test_rerun_of_the_same_job_continues_where_it_stopped(training_python, data_dir, tmp_path):
+    # A requeued job keeps its job id, so its output dir: the rerun finds its own checkpoint.
+    env = tiny_env(data_dir, tmp_path, MAX_STEPS="12", STEPS_THIS_RUN="6", GRAD_ACCUM_USTEPS="2")
+    codes, out = run_emulated(2, "631", env, tmp_path)
+    assert codes == [0, 0], out[-3000:]
+    assert [p.step for p in progress_lines(out)] == [1, 2, 3, 4, 5, 6]
+
+    codes, out = run_emulated(2, "631", env, tmp_path)
+    assert codes == [0, 0], out[-3000:]
+    assert [p.step for p in progress_lines(out)] == [7, 8, 9, 10, 11, 12]
+    assert {p.total for p in progress_lines(out)} == {12}
+    results = json.loads(results_path(out).read_text())
+    assert results["results"]["parameters"]["Start step"] == 6
+
+
+@pytest.mark.parametrize("trigger", [{"COMPILE_ONLY": "1"}, {"NEURON_EXTRACT_GRAPHS_ONLY": "1"}])
+def test_compile_only_runs_a_few_steps_and_reports_the_cache(trigger, training_python, data_dir, tmp_path):
+    env = {**tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", COMPILE_STEPS="2"), **trigger}
+    codes, out = run_emulated(2, "641", env, tmp_path)
+    assert codes == [0, 0], out[-3000:]
+    assert [p.step for p in progress_lines(out)] == [1, 2]
+    assert "UC_COMPILE_CACHE backend=none hits=0 misses=0" in out
+    results = json.loads(results_path(out).read_text())
+    validate_results(results)
+    assert results["results"]["parameters"]["Compile only"] is True
+    assert not (tmp_path / "output_641" / "checkpoints").exists()  # the real run starts from step 0
