@@ -1,0 +1,242 @@
+"""render_config: cross-field checks, template + JSON Schema validation, S3 upload (in-process moto)."""
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ultracluster.operators.config import (
+    CLUSTER_NAME_PATTERN,
+    ConfigValidationError,
+    RenderClusterConfigOperator,
+    cluster_name_for,
+    safe_run_id,
+    validate_cluster_config,
+    validate_pipeline_params,
+)
+from ultracluster.profiles import include_dir, load_profile
+
+REGION = "us-east-1"
+RUN_ID = "manual__2026-11-30T08:00:00.123456+00:00"
+SCHEMA = str(include_dir() / "cluster" / "cluster-config.schema.json")
+NETWORK = {"owned": True, "vpc_id": "vpc-0a1", "public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv",
+           "security_group_id": "sg-0abc", "availability_zone": "us-east-1a"}
+
+
+class RecordingTaskInstance:
+    def __init__(self):
+        self.xcom = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+def make_context(params: dict) -> dict:
+    return {"run_id": RUN_ID, "params": params, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
+            "ti": RecordingTaskInstance()}
+
+
+@pytest.fixture(params=["production", "local"])
+def profile(request) -> dict:
+    return load_profile(request.param)
+
+
+def test_profile_defaults_pass_the_cross_field_rules(profile):
+    validate_pipeline_params(profile)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_nodes": 32, "max_nodes": 16}, r"num_nodes \(32\) exceeds max_nodes \(16\)"),
+    ({"min_nodes": 20, "max_nodes": 16}, r"min_nodes \(20\) exceeds max_nodes"),
+    ({"steps_this_run": 50, "max_steps": 40}, r"steps_this_run \(50\) exceeds max_steps \(40\)"),
+    ({"scaling_mode": "strong", "num_nodes": 3, "max_nodes": 4, "grad_accum_usteps": 32}, "must divide evenly"),
+    ({"existing_public_subnet_id": "subnet-1"}, "go together"),
+    ({"existing_vpc_id": "vpc-1"}, "needs existing_public_subnet_id"),
+    ({"extra_queues": [{"name": "compute1", "instance_type": "trn1.2xlarge", "max_nodes": 1}]}, "unique"),
+    ({"artifacts_s3_uri": "https://bucket/x"}, "artifacts_s3_uri: Not an s3:// URI"),
+])
+def test_cross_field_violations_are_reported(change, message):
+    params = dict(load_profile("production"), **change)
+    with pytest.raises(ConfigValidationError, match=message):
+        validate_pipeline_params(params)
+
+
+def test_weak_scaling_allows_any_node_count():
+    validate_pipeline_params(dict(load_profile("production"), scaling_mode="weak", num_nodes=3))
+
+
+def test_all_problems_are_listed_at_once():
+    params = dict(load_profile("production"), num_nodes=40, max_nodes=16, steps_this_run=10**6)
+    with pytest.raises(ConfigValidationError) as err:
+        validate_pipeline_params(params)
+    assert str(err.value).count("\n- ") == 3  # max_nodes, steps, divisibility
+
+
+@pytest.mark.parametrize("run_id", [
+    RUN_ID, "scheduled__2026-11-29T00:00:00+00:00", "backfill__2026-11-22T00:00:00+00:00",
+    "manual__" + "x" * 200, "REST run: num_nodes=8 / sweep #3", "2026",
+])
+def test_derived_names_are_valid_and_stable(run_id):
+    name = cluster_name_for(run_id)
+    assert CLUSTER_NAME_PATTERN.match(name), name
+    assert cluster_name_for(run_id) == name
+    assert re.fullmatch(r"[a-z0-9-]+", safe_run_id(run_id))
+
+
+def test_derived_names_stay_distinct_for_similar_run_ids():
+    a, b = "manual__2026-11-30T08:00:00+00:00", "manual__2026-11-30T08:00:00-00:00"
+    assert cluster_name_for(a) != cluster_name_for(b)
+    assert safe_run_id(a) != safe_run_id(b)
+
+
+def test_requested_cluster_name_is_checked():
+    assert cluster_name_for(RUN_ID, "my-cluster") == "my-cluster"
+    with pytest.raises(ConfigValidationError):
+        cluster_name_for(RUN_ID, "1-starts-with-digit")
+
+
+# --- rendering + upload ----------------------------------------------------------------------
+
+@pytest.fixture
+def s3(monkeypatch):
+    from moto import mock_aws
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": REGION}}))
+    with mock_aws():
+        import boto3
+
+        client = boto3.client("s3", region_name=REGION)
+        client.create_bucket(Bucket="ultracluster-artifacts")
+        yield client
+
+
+def render_op(params: dict, **overrides) -> RenderClusterConfigOperator:
+    kwargs = dict(
+        task_id="render_config", network=NETWORK, cluster_name=params.get("cluster_name"), region_name=REGION,
+        key_name=params["key_name"], image_os=params["image_os"],
+        head_node_instance_type=params["head_node_instance_type"], instance_type=params["instance_type"],
+        min_nodes=params["min_nodes"], max_nodes=params["max_nodes"], extra_queues=params["extra_queues"],
+        shared_storage_mount_dir=params["shared_storage_mount_dir"],
+        fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"],
+        artifacts_s3_uri="s3://ultracluster-artifacts/runs", dataset_s3_uri=params["dataset_s3_uri"],
+        compile_cache_s3_uri=params["compile_cache_s3_uri"], extra_tags={"team": "ml"},
+    )
+    kwargs.update(overrides)
+    return RenderClusterConfigOperator(**kwargs)
+
+
+def test_render_uploads_a_valid_seed_layout(s3):
+    params = load_profile("production")
+    context = make_context(params)
+    result = render_op(params).execute(context)
+
+    assert result["cluster_name"] == cluster_name_for(RUN_ID)
+    assert result["config_s3_key"] == f"runs/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/cluster-config.yaml"
+    body = s3.get_object(Bucket="ultracluster-artifacts", Key=result["config_s3_key"])["Body"].read().decode()
+    config = yaml.safe_load(body)
+    [queue] = config["Scheduling"]["SlurmQueues"]
+    [resource] = queue["ComputeResources"]
+    assert queue["Name"] == "compute1" and queue["Networking"]["SubnetIds"] == ["subnet-0priv"]
+    assert queue["Networking"]["PlacementGroup"]["Enabled"] is True
+    assert resource == {"Name": "trn1-32xl", "InstanceType": "trn1.32xlarge", "MinCount": 0, "MaxCount": 16,
+                        "Efa": {"Enabled": True}}
+    assert config["HeadNode"]["Networking"]["SubnetId"] == "subnet-0pub"
+    assert config["SharedStorage"][0]["StorageType"] == "FsxLustre"
+    assert config["SharedStorage"][0]["MountDir"] == "/fsx"
+    script_uri = config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Script"]
+    assert script_uri == result["on_node_configured_s3_uri"] == queue["CustomActions"]["OnNodeConfigured"]["Script"]
+    uploaded_script = s3.get_object(Bucket="ultracluster-artifacts", Key=script_uri.split("/", 3)[3])["Body"].read()
+    assert uploaded_script == (include_dir() / "cluster" / "on_node_configured.sh").read_bytes()
+    access = {a["BucketName"]: a["EnableWriteAccess"] for a in config["HeadNode"]["Iam"]["S3Access"]}
+    assert access == {"neuron-s3": False, "ultracluster-artifacts": True}
+    tags = {t["Key"]: t["Value"] for t in config["Tags"]}
+    assert tags == {"team": "ml", "ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID}
+    assert context["ti"].xcom["ultracluster_cluster_config"]["key"] == result["config_s3_key"]
+
+
+def test_render_multi_queue(s3):
+    params = dict(load_profile("production"), extra_queues=[
+        {"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4},
+        {"name": "wide", "instance_type": "trn1n.32xlarge", "min_nodes": 1, "max_nodes": 8},
+    ])
+    result = render_op(params).execute(make_context(params))
+    config = yaml.safe_load(s3.get_object(Bucket="ultracluster-artifacts", Key=result["config_s3_key"])["Body"].read())
+    queues = {q["Name"]: q for q in config["Scheduling"]["SlurmQueues"]}
+    assert list(queues) == ["compute1", "small", "wide"] == result["queues"]
+    small = queues["small"]["ComputeResources"][0]
+    assert small["Efa"]["Enabled"] is False and queues["small"]["Networking"]["PlacementGroup"]["Enabled"] is False
+    assert queues["wide"]["ComputeResources"][0]["MinCount"] == 1
+
+
+def test_invalid_params_fail_before_anything_is_uploaded(s3):
+    params = dict(load_profile("production"), num_nodes=17)
+    with pytest.raises(ConfigValidationError, match="exceeds max_nodes"):
+        render_op(params).execute(make_context(params))
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
+
+
+def test_schema_violations_fail_before_anything_is_uploaded(s3):
+    params = dict(load_profile("production"), fsx_storage_capacity_gib=1000)
+    with pytest.raises(ConfigValidationError, match="StorageCapacity"):
+        render_op(params, fsx_storage_capacity_gib=1000).execute(make_context(params))
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
+
+
+def rendered_seed() -> dict:
+    from ultracluster.operators.config import build_queues, render_cluster_config
+
+    context = {
+        "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
+        "public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv", "security_group_id": None,
+        "key_name": "k", "on_node_configured_s3_uri": "s3://ultracluster-artifacts/x/on_node_configured.sh",
+        "s3_buckets": [{"name": "ultracluster-artifacts", "write": True}],
+        "queues": build_queues("trn1.32xlarge", 0, 16, []), "mount_dir": "/fsx",
+        "fsx_storage_capacity_gib": 1200, "tags": [{"key": "k", "value": "v: with colon"}],
+    }
+    return yaml.safe_load(render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), context))
+
+
+def test_rendered_seed_validates_and_omits_absent_security_group():
+    config = rendered_seed()
+    validate_cluster_config(yaml.safe_dump(config), SCHEMA)
+    assert "AdditionalSecurityGroups" not in config["HeadNode"]["Networking"]
+    assert config["Tags"] == [{"Key": "k", "Value": "v: with colon"}]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda c: c["Scheduling"]["SlurmQueues"][0].update(Name="Compute1"), "does not match"),
+    (lambda c: c["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0].update(MaxCount=0), "less than the minimum"),
+    (lambda c: c["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0].update(MinCount=20), "MinCount > MaxCount"),
+    (lambda c: c["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0].update(InstanceType="trn1.2xlarge"), "has no EFA"),
+    (lambda c: c.update(Bogus=1), "Additional properties are not allowed"),
+    (lambda c: c["Scheduling"].update(SlurmQueues=c["Scheduling"]["SlurmQueues"] * 51), "is too long"),
+    (lambda c: c["HeadNode"]["Networking"].update(SubnetId="None"), "does not match"),
+    (lambda c: c["Tags"].append({"Key": "aws:reserved", "Value": "x"}), "Tags/1/Key"),
+])
+def test_schema_rejects_what_pcluster_would(mutate, message):
+    config = rendered_seed()
+    mutate(config)
+    with pytest.raises(ConfigValidationError, match=message):
+        validate_cluster_config(yaml.safe_dump(config), SCHEMA)
+
+
+def test_a_missing_network_output_cannot_render_a_valid_config():
+    """A None subnet must fail validation rather than reach pcluster as the string 'None'."""
+    from ultracluster.operators.config import build_queues, render_cluster_config
+
+    text = render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), {
+        "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
+        "public_subnet_id": None, "private_subnet_id": "subnet-0priv", "security_group_id": None, "key_name": "k",
+        "on_node_configured_s3_uri": "s3://b-b/x.sh", "s3_buckets": [{"name": "b-b", "write": True}],
+        "queues": build_queues("trn1.32xlarge", 0, 2, []), "mount_dir": "/fsx", "fsx_storage_capacity_gib": 1200,
+        "tags": [],
+    })
+    with pytest.raises(ConfigValidationError, match="HeadNode/Networking/SubnetId"):
+        validate_cluster_config(text, SCHEMA)

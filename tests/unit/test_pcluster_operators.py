@@ -1,0 +1,196 @@
+"""pcluster_create / delete_cluster against the stand-in pcluster (recorded outputs) and moto S3."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.fixtures.pcluster.fake_pcluster import FakePcluster
+from ultracluster.operators.pcluster import CreateClusterOperator, DeleteClusterOperator
+from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterValidationError
+from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+REGION = "us-east-1"
+RUN_ID = "manual__2026-11-30T08:00:00+00:00"  # tagged in the fixtures
+CONFIG = {"cluster_name": "uc-test", "bucket": "ultracluster-artifacts", "config_s3_key": "runs/x/cluster-config.yaml",
+          "config_s3_uri": "s3://ultracluster-artifacts/runs/x/cluster-config.yaml"}
+CONFIG_YAML = "Region: us-east-1\nImage:\n  Os: ubuntu2204\n"
+
+
+class RecordingTaskInstance:
+    def __init__(self):
+        self.xcom = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+def make_context(run_id: str = RUN_ID) -> dict:
+    return {"run_id": run_id, "params": {}, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
+            "ti": RecordingTaskInstance()}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    from moto import mock_aws
+
+    fake = FakePcluster(tmp_path / "pcluster")
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", fake.connection_json())
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": REGION}}))
+    with mock_aws():
+        import boto3
+
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket="ultracluster-artifacts")
+        s3.put_object(Bucket="ultracluster-artifacts", Key=CONFIG["config_s3_key"], Body=CONFIG_YAML.encode())
+        yield fake
+
+
+def create_op(**overrides) -> CreateClusterOperator:
+    kwargs = dict(task_id="pcluster_create", cluster_config=CONFIG, poll_interval=1, max_attempts=10)
+    kwargs.update(overrides)
+    return CreateClusterOperator(**kwargs)
+
+
+def test_create_submits_the_config_from_s3_and_defers(env):
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
+                "describe_cluster_create_in_progress.json")
+    env.respond("create-cluster", "create_cluster.json")
+    context = make_context()
+    with pytest.raises(TaskDeferred) as deferred:
+        create_op().execute(context)
+
+    create_argv = next(argv for argv in env.calls() if argv[0] == "create-cluster")
+    assert create_argv[1:3] == ["--cluster-name", "uc-test"]
+    config_path = create_argv[create_argv.index("--cluster-configuration") + 1]
+    assert config_path.endswith("cluster-config.yaml")
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, ClusterStatusTrigger)
+    assert (trigger.waiter_name, trigger.owner_run_id, trigger.delete_on_kill) == ("ClusterCreateComplete", RUN_ID, True)
+    assert context["ti"].xcom["ultracluster_pcluster_stack"]["stack_name"].startswith("arn:aws:cloudformation:")
+
+
+def test_the_cli_got_the_yaml_render_config_uploaded(env, tmp_path, monkeypatch):
+    # The stand-in records argv only; a wrapper copies the config file so the test can read it.
+    copy = tmp_path / "seen.yaml"
+    wrapper = tmp_path / "pcluster-wrapper"
+    wrapper.write_text(
+        "#!/bin/bash\nprev=''\nfor a in \"$@\"; do\n"
+        f"  if [ \"$prev\" = --cluster-configuration ]; then cp \"$a\" {copy}; fi\n  prev=$a\ndone\n"
+        f"exec {env.binary} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    conn = json.loads(env.connection_json())
+    conn["extra"]["binary"] = str(wrapper)
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_WRAPPED", json.dumps(conn))
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
+                "describe_cluster_create_in_progress.json")
+    env.respond("create-cluster", "create_cluster.json")
+    with pytest.raises(TaskDeferred):
+        create_op(pcluster_conn_id="pcluster_wrapped").execute(make_context())
+    assert copy.read_text() == CONFIG_YAML
+
+
+def test_retry_reattaches_to_this_runs_cluster(env):
+    env.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    with pytest.raises(TaskDeferred):
+        create_op().execute(make_context())
+    assert "create-cluster" not in env.verbs()
+
+
+def test_retry_after_completion_returns_without_waiting(env):
+    env.respond("describe-cluster", "describe_cluster_create_complete.json")
+    result = create_op().execute(make_context())
+    assert result["cluster_status"] == "CREATE_COMPLETE" and result["head_node"]["publicIpAddress"] == "198.51.100.44"
+    assert "SECRETSIGNATURE" not in json.dumps(result)
+    assert env.verbs() == ["describe-cluster"]
+
+
+def test_a_cluster_of_another_run_is_not_adopted(env):
+    env.respond("describe-cluster", "describe_cluster_create_complete.json")
+    with pytest.raises(ClusterAlreadyExistsError, match="belongs to run"):
+        create_op().execute(make_context(run_id="manual__someone_else"))
+    assert "delete-cluster" not in env.verbs()
+
+
+def test_validation_errors_are_raised_and_nothing_is_deleted(env):
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    env.respond("create-cluster", ("validation_min_gt_max.json", 1))
+    with pytest.raises(ClusterValidationError, match="Max count must be greater"):
+        create_op().execute(make_context())
+    assert "delete-cluster" not in env.verbs()
+
+
+def test_create_failed_logs_failures_and_deletes(env):
+    env.respond("describe-cluster", "describe_cluster_create_failed.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    event = {"status": "failure", "cluster_status": "CREATE_FAILED", "message": "cluster uc-test reached CREATE_FAILED",
+             "failures": [{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}]}
+    with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure.*deletion was started"):
+        create_op().execute_complete(make_context(), event)
+    assert env.verbs() == ["describe-cluster", "delete-cluster"]
+
+
+def test_success_event_returns_the_cluster(env):
+    event = {"status": "success", "cluster_status": "CREATE_COMPLETE",
+             "description": {"clusterName": "uc-test", "clusterStatus": "CREATE_COMPLETE", "region": REGION,
+                             "headNode": {"publicIpAddress": "127.100.1.1"}}}
+    result = create_op().execute_complete(make_context(), event)
+    assert result["head_node"]["publicIpAddress"] == "127.100.1.1" and result["config_s3_uri"] == CONFIG["config_s3_uri"]
+    assert env.calls() == []
+
+
+# --- delete_cluster ------------------------------------------------------------------------------
+
+def delete_op(**overrides) -> DeleteClusterOperator:
+    kwargs = dict(task_id="delete_cluster", cluster_name="uc-test", poll_interval=1, max_attempts=10)
+    kwargs.update(overrides)
+    return DeleteClusterOperator(**kwargs)
+
+
+def test_delete_of_a_gone_cluster_succeeds(env):
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    assert delete_op().execute(make_context())["deleted"] is True
+    assert env.verbs() == ["describe-cluster"]
+
+
+def test_delete_starts_and_defers(env):
+    env.respond("describe-cluster", "describe_cluster_create_complete.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    with pytest.raises(TaskDeferred) as deferred:
+        delete_op().execute(make_context())
+    assert env.verbs() == ["describe-cluster", "delete-cluster"]
+    assert deferred.value.trigger.waiter_name == "ClusterDeleteComplete"
+    assert deferred.value.kwargs == {"delete_attempt": 1}
+
+
+def test_delete_in_progress_is_waited_on_not_repeated(env):
+    env.respond("describe-cluster", "describe_cluster_delete_in_progress.json")
+    with pytest.raises(TaskDeferred):
+        delete_op().execute(make_context())
+    assert "delete-cluster" not in env.verbs()
+
+
+def test_delete_leaves_another_runs_cluster(env):
+    env.respond("describe-cluster", "describe_cluster_create_complete.json")
+    assert delete_op().execute(make_context(run_id="manual__other"))["deleted"] is False
+    assert "delete-cluster" not in env.verbs()
+
+
+def test_delete_failed_is_retried_then_reported(env):
+    env.respond("describe-cluster", "describe_cluster_delete_failed.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    failed = {"status": "failure", "cluster_status": "DELETE_FAILED", "message": "reached DELETE_FAILED",
+              "description": {"cloudformationStackArn": "arn:aws:cloudformation:us-east-1:1:stack/uc-test/1"}}
+    with pytest.raises(TaskDeferred) as deferred:
+        delete_op(max_delete_attempts=2).execute_complete(make_context(), failed, delete_attempt=1)
+    assert deferred.value.kwargs == {"delete_attempt": 2}
+    assert env.verbs() == ["describe-cluster", "delete-cluster"]
+    with pytest.raises(RuntimeError, match="not deleted after 2 attempt.*inspect stack arn:aws"):
+        delete_op(max_delete_attempts=2).execute_complete(make_context(), failed, delete_attempt=2)
