@@ -1,0 +1,172 @@
+"""collect_results: metrics from a blog-era results.json, artifact selection, and the upload path
+end to end (presigned PUT URLs from S3Hook, curl run by a local bash, a real moto S3 server)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from airflow.providers.common.compat.sdk import AirflowException
+
+import ultracluster.hooks.head_node as head_node_module
+from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table
+from tests.unit.test_dataset import LocalShellHeadNode, moto_endpoint  # noqa: F401  (fixture)
+
+HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
+
+
+def metric(name, value, units):
+    return {"MetricName": name, "MeasuredValue": value, "Units": units, "Timestamp": "2026-11-30T09:00:00Z",
+            "AdditionalData": ""}
+
+
+# The blog-era schema written by dp_bert_large_hf_pretrain_hdf5.py (--metrics_file).
+RESULTS = {
+    "results": {
+        "parameters": {
+            "Model": "bert-large-uncased", "Model configuration": "BertForPreTraining", "World size": 64,
+            "Data parallel degree": 64, "Batch size": 16, "Total steps": 40, "Seed": 12349, "Optimizer": "AdamW",
+            "Data type": "bf16", "Gradient accumulation microsteps": 16, "Warmup steps": 2000,
+            "Shards per checkpoint": 1, "Dataset": "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128",
+            "Environment variables": {"NEURON_RT_STOCHASTIC_ROUNDING_EN": "1"}, "Sequence length": 128,
+        },
+        "metrics": [
+            metric("Loss", 10.5, "-"), metric("Throughput", 3100.0, "seq/s"),
+            metric("Loss", 9.25, "-"), metric("Throughput", 3365.5, "seq/s"),
+            metric("Final loss", 9.1, "-"), metric("Time to train", 12.5, "minutes"),
+            metric("Average throughput", 3232.75, "seq/s"), metric("Peak throughput", 3365.5, "seq/s"),
+        ],
+    }
+}
+
+
+def test_extract_metrics_from_final_values():
+    metrics = extract_metrics(RESULTS, num_nodes=2, scaling_mode="strong")
+    assert metrics["final_loss"] == 9.1
+    assert metrics["average_throughput_seq_per_s"] == 3232.75
+    assert metrics["peak_throughput_seq_per_s"] == 3365.5
+    assert metrics["time_to_train_min"] == 12.5
+    assert metrics["global_batch"] == 64 * 16 * 16
+    assert (metrics["nodes"], metrics["scaling_mode"], metrics["world_size"], metrics["total_steps"]) == (2, "strong", 64, 40)
+
+
+def test_extract_metrics_falls_back_to_running_values():
+    running = {"results": {"parameters": {"Scaling mode": "weak", "Nodes": 4},
+                           "metrics": [metric("Loss", 3.0, "-"), metric("Throughput", 10.0, "seq/s"),
+                                       metric("Loss", 2.0, "-"), metric("Throughput", 30.0, "seq/s")]}}
+    metrics = extract_metrics(running)
+    assert metrics["final_loss"] == 2.0 and metrics["average_throughput_seq_per_s"] == 20.0
+    assert metrics["peak_throughput_seq_per_s"] == 30.0 and metrics["time_to_train_min"] is None
+    assert metrics["nodes"] == 4 and metrics["scaling_mode"] == "weak" and metrics["global_batch"] is None
+
+
+@pytest.mark.parametrize("bad", [{}, {"results": {}}, {"results": {"metrics": "x"}}, {"metrics": []}])
+def test_extract_metrics_rejects_other_shapes(bad):
+    with pytest.raises(ValueError, match="blog-era"):
+        extract_metrics(bad)
+
+
+def test_select_artifacts_keeps_results_logs_and_newest_checkpoint():
+    files = {
+        "results.json": 100, "log_ph1_bf16_0_2": 10, "log_ph1_bf16_1_2": 10, "ckpt_20.pt": 5, "ckpt_40.pt": 5,
+        "events.out.tfevents.1": 3, "scratch/tmp.txt": 1,
+    }
+    assert select_artifacts(files) == ["ckpt_40.pt", "log_ph1_bf16_0_2", "log_ph1_bf16_1_2", "results.json"]
+
+
+def test_summary_table_is_readable():
+    table = summary_table(extract_metrics(RESULTS, num_nodes=2, scaling_mode="strong"))
+    lines = table.splitlines()
+    assert len({len(line) for line in lines}) == 1  # aligned
+    assert any("Final loss" in line and "9.1000" in line for line in lines)
+    assert any("Scaling mode" in line and "strong" in line for line in lines)
+
+
+@pytest.fixture
+def artifacts(moto_endpoint, monkeypatch):  # noqa: F811
+    import urllib.request
+
+    import boto3
+
+    monkeypatch.setenv("AIRFLOW_CONN_UC_TEST_AWS", json.dumps({
+        "conn_type": "aws", "login": "testing", "password": "testing",
+        "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
+    }))
+    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket="ultracluster-artifacts")
+    return client
+
+
+@pytest.fixture
+def head(monkeypatch):
+    shell = LocalShellHeadNode()
+    monkeypatch.setattr(head_node_module, "HeadNodeHook", lambda **_: shell)
+    return shell
+
+
+class OutletEvents(dict):
+    def __missing__(self, key):
+        self[key] = SimpleNamespace(extra={})
+        return self[key]
+
+
+def job_outputs(tmp_path):
+    job_dir = tmp_path / "fsx" / "jobs" / "train"
+    output = job_dir / "output_7"
+    (output / "ckpt").mkdir(parents=True)
+    (output / "results.json").write_text(json.dumps(RESULTS))
+    for rank in range(2):
+        (output / f"log_ph1_bf16_{rank}_2").write_text(f"rank {rank}\n")
+    (output / "ckpt" / "ckpt_20.pt").write_bytes(b"old")
+    (output / "ckpt" / "ckpt_40.pt").write_bytes(b"final checkpoint")
+    (job_dir / "slurm-7.out").write_text("UC_PROGRESS step=40 total=40 loss=9.1\n")
+    return {"job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": str(output),
+            "log_path": str(job_dir / "slurm-7.out"), "results_path": str(output / "results.json")}
+
+
+def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
+    from airflow.sdk import Asset
+
+    asset = Asset("s3://ultracluster-artifacts/results")
+    op = CollectResultsOperator(
+        task_id="collect_results", head_node=HEAD, train=job_outputs(tmp_path),
+        artifacts_s3_uri="s3://ultracluster-artifacts", aws_conn_id="uc_test_aws", num_nodes=2,
+        scaling_mode="strong", outlets=[asset],
+    )
+    events = OutletEvents()
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00", task_id="collect_results")
+    metrics = op.execute({"ti": ti, "outlet_events": events})
+
+    prefix = "results/trn1_bert_pretrain/manual__2026-11-30T08:00:00+00:00/"
+    keys = sorted(o["Key"] for o in artifacts.list_objects_v2(Bucket="ultracluster-artifacts")["Contents"])
+    assert keys == [prefix + name for name in
+                    ["ckpt/ckpt_40.pt", "log_ph1_bf16_0_2", "log_ph1_bf16_1_2", "results.json", "slurm-7.out"]]
+    body = artifacts.get_object(Bucket="ultracluster-artifacts", Key=prefix + "ckpt/ckpt_40.pt")["Body"].read()
+    assert body == b"final checkpoint"
+    assert metrics["final_loss"] == 9.1 and metrics["nodes"] == 2 and metrics["job_id"] == "7"
+    assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/{prefix}"
+    assert events[asset].extra["final_loss"] == 9.1
+    out = capsys.readouterr().out
+    assert "Final loss" in out and "Signature=" not in out
+    assert all("Signature=" not in c.shell for c in head.commands)
+    json.dumps(metrics)
+
+
+def test_missing_results_json_fails(tmp_path, artifacts, head):
+    train = job_outputs(tmp_path)
+    train["results_path"] = str(tmp_path / "nope.json")
+    op = CollectResultsOperator(task_id="c", head_node=HEAD, train=train, artifacts_s3_uri="s3://ultracluster-artifacts",
+                                aws_conn_id="uc_test_aws")
+    with pytest.raises(AirflowException, match="missing or empty"):
+        op.execute({"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="c"), "outlet_events": OutletEvents()})
+
+
+@pytest.mark.parametrize("uri", ["ultracluster-artifacts", "https://x/y", ""])
+def test_bad_artifacts_uri(tmp_path, head, uri):
+    op = CollectResultsOperator(task_id="c", head_node=HEAD, train=job_outputs(tmp_path), artifacts_s3_uri=uri)
+    with pytest.raises(ValueError, match="artifacts_s3_uri"):
+        op.execute({"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="c"), "outlet_events": OutletEvents()})
+    assert head.commands == []
