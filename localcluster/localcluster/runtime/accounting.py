@@ -101,7 +101,7 @@ def ensure_mariadb(home: Path) -> tuple[int, str]:
         with open(base / "log" / "mariadbd.out", "ab") as out:
             proc = subprocess.Popen(["/usr/sbin/mariadbd", f"--defaults-file={config}"],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, cwd="/")
         if not wait_listening("127.0.0.1", port, timeout=60, pid=proc.pid):
             proc.kill()
             raise RuntimeProvisionError(f"MariaDB did not start; see {base / 'log' / 'mysqld.err'}")

@@ -14,8 +14,10 @@ MUNGE_KEY_BYTES = 1024
 
 def create_munge_key(paths: ClusterPaths) -> None:
     # munged refuses a socket dir that others cannot enter.
-    paths.munge_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(paths.munge_dir, 0o755)
+    for directory in (paths.munge_dir, paths.short_run):
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o755)
+    paths.short_run.parent.chmod(0o755)
     fd = os.open(paths.munge_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
     with os.fdopen(fd, "wb") as key:
         key.write(os.urandom(MUNGE_KEY_BYTES))
@@ -29,7 +31,7 @@ def start_munged(paths: ClusterPaths) -> Launched:
             "--num-threads=2"]
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, cwd="/")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if paths.munge_socket.exists():

@@ -6,20 +6,21 @@ import os
 import secrets
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, asdict
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 
 from .errors import RuntimeProvisionError
-from .paths import ClusterPaths
+from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .procs import (kill_pids, ns_inode, pid_alive, pids_in_namespaces, read_pid, shared_uts_inodes,
                     wait_for_pid_file)
 
 START_TIMEOUT_S = 15.0
 
 def ns_exec_script() -> str:
-    return str(resources.files("localcluster") / "scripts" / "ns-exec.sh")
+    # Next to the package source (an editable install resolves resources.files() unreliably).
+    return str(Path(__file__).resolve().parent.parent / "scripts" / "ns-exec.sh")
 
 def new_instance_id() -> str:
     return "i-" + secrets.token_hex(9)[:17]
@@ -41,7 +42,7 @@ class Launched:
 
 def launch_in_namespace(paths: ClusterPaths, hostname: str, pid_file: Path, log_file: Path,
                         argv: list[str], mount_dirs: list[str], fresh_boot: bool = False,
-                        extra_env: dict[str, str] | None = None) -> Launched:
+                        extra_env: dict[str, str] | None = None, extra_binds: Sequence[str] = ()) -> Launched:
     """Start argv as `hostname`; returns once the daemon's own PID is known (it is written from inside)."""
     cmd = ["unshare", "--mount", "--uts", "--propagation", "private"]
     if fresh_boot:
@@ -49,7 +50,7 @@ def launch_in_namespace(paths: ClusterPaths, hostname: str, pid_file: Path, log_
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         cmd += ["--fork", "--time", f"--boottime=-{int(uptime)}"]
     cmd += ["/bin/sh", ns_exec_script(), hostname, str(paths.hosts_file), str(paths.slurm_conf.parent),
-            str(pid_file), *shared_binds(paths, mount_dirs), "--", *argv]
+            str(pid_file), *shared_binds(paths, mount_dirs), *extra_binds, "--", *argv]
     pid_file.unlink(missing_ok=True)
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "SLURM_CONF": str(paths.slurm_conf), "LANG": "C.UTF-8"}
@@ -57,7 +58,7 @@ def launch_in_namespace(paths: ClusterPaths, hostname: str, pid_file: Path, log_
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=env)
+                                start_new_session=True, close_fds=True, env=env, cwd="/")
     pid = wait_for_pid_file(pid_file, START_TIMEOUT_S)
     if pid is None:
         proc.kill()
@@ -110,11 +111,11 @@ def slurmd_pid_file(paths: ClusterPaths, name: str) -> Path:
 
 def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_boot: bool) -> NodeState:
     """Boot one compute node: a slurmd in the foreground inside the node's namespaces."""
-    (paths.spool / f"slurmd-{name}").mkdir(parents=True, exist_ok=True)
+    paths.node_spool(name).mkdir(parents=True, exist_ok=True)
     launched = launch_in_namespace(
         paths, name, slurmd_pid_file(paths, name), paths.logs / f"slurmd-{name}.out",
         ["/usr/sbin/slurmd", "-D", "-f", str(paths.slurm_conf), "-N", name],
-        mount_dirs, fresh_boot=fresh_boot)
+        mount_dirs, fresh_boot=fresh_boot, extra_binds=[f"{paths.node_spool(name)}={NODE_SPOOL_DIR}"])
     state = NodeState(name=name, state="running", pid=launched.pid, uts_ns=launched.uts_ns,
                       instance_id=new_instance_id(), launch_time=utc_now_iso())
     write_node_state(paths, state)

@@ -1,11 +1,15 @@
 """Where each cluster keeps its state, in one place so every module agrees."""
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_HOME = "/var/lib/local-ultracluster"
+SHORT_RUN_ROOT = "/run/local-uc"
+# Inside each compute node's mount namespace the node's own spool dir is mounted here (short socket paths).
+NODE_SPOOL_DIR = "/var/spool/slurmd"
 
 
 def uc_home() -> Path:
@@ -75,8 +79,14 @@ class ClusterPaths:
         return self.root / "munge"
 
     @property
+    def short_run(self) -> Path:
+        """Unix socket paths are limited to 108 bytes, so sockets live in a short per-cluster dir."""
+        digest = hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+        return Path(SHORT_RUN_ROOT) / digest
+
+    @property
     def munge_socket(self) -> Path:
-        return self.munge_dir / "munge.socket"
+        return self.short_run / "munge.socket"
 
     @property
     def munge_key(self) -> Path:
@@ -98,6 +108,9 @@ class ClusterPaths:
     @property
     def bin(self) -> Path:
         return self.root / "bin"
+
+    def node_spool(self, node_name: str) -> Path:
+        return self.spool / f"slurmd-{node_name}"
 
     def pid_file(self, daemon: str) -> Path:
         return self.run / f"{daemon}.pid"

@@ -47,9 +47,9 @@ def resume(paths: ClusterPaths, hostlist: str) -> None:
         write_node_state(paths, NodeState(name=name, state="booting", instance_id=new_instance_id(),
                                           launch_time=utc_now_iso()))
         # Boot in the background: slurmctld waits for ResumeProgram, not for the node.
-        subprocess.Popen([sys.executable, "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
+        subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True)
+                         start_new_session=True, close_fds=True, cwd="/")
 
 
 def boot(paths: ClusterPaths, name: str) -> None:

@@ -69,7 +69,7 @@ def _make_dirs(paths: ClusterPaths, spec: ClusterSpec) -> None:
 def _write_power_scripts(paths: ClusterPaths) -> None:
     for action in ("resume", "suspend"):
         script = paths.bin / action
-        script.write_text(f"#!/bin/sh\nexec {sys.executable} -m localcluster.runtime.power {action} "
+        script.write_text(f"#!/bin/sh\nexec {sys.executable} -I -m localcluster.runtime.power {action} "
                           f"{paths.root} \"$@\"\n")
         script.chmod(0o755)
 
@@ -159,7 +159,7 @@ def _start_agent_if_needed(paths: ClusterPaths, spec: ClusterSpec) -> None:
         return
     from .nodes import Launched, record_daemon
     with open(paths.logs / "agent.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "localcluster.runtime.agent", str(paths.root)],
+        proc = subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.agent", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=dict(os.environ))
+                                start_new_session=True, close_fds=True, env=dict(os.environ), cwd="/")
     record_daemon(paths, "agent", Launched(pid=proc.pid, uts_ns=0, mnt_ns=0))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..spec import ClusterSpec
 from .layout import ComputeNode
-from .paths import ClusterPaths
+from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .slots import Slot
 
 CPUS_PER_NODE = 2            # what this machine has; every node advertises the same
@@ -55,7 +55,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket}",
         f"StateSaveLocation={paths.spool}/slurmctld",
-        f"SlurmdSpoolDir={paths.spool}/slurmd-%n",
+        f"SlurmdSpoolDir={NODE_SPOOL_DIR}",
         f"SlurmctldPidFile={paths.pid_file('slurmctld')}",
         f"SlurmdPidFile={paths.run}/slurmd-%n.pid",
         f"SlurmctldLogFile={paths.logs}/slurmctld.log",

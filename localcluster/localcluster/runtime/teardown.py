@@ -111,6 +111,7 @@ def teardown(cluster_dir: Path) -> None:
         if still:
             raise RuntimeError(f"cluster {name}: still listening after stop: {', '.join(still)}")
     release_cluster(paths, name)
+    shutil.rmtree(paths.short_run, ignore_errors=True)
     shutil.rmtree(paths.root, ignore_errors=True)
     if paths.root.exists():
         raise RuntimeError(f"could not remove {paths.root}")

@@ -1,0 +1,364 @@
+"""The local UltraCluster runtime with real daemons: Slurm, munge, sshd (and MariaDB for accounting).
+
+Tests drive `python -m localcluster.runtime` in the localcluster venv (never import it) and reach the
+head node with Airflow's SSHHook, verifying its host key.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCALCLUSTER_PYTHON = REPO / ".venvs" / "localcluster" / "bin" / "python"
+KEY_NAME = "runtime-test-key"
+# A slot/port range of its own so tests never meet a developer's `make up` (slots 1-99).
+TEST_ENV = {"LOCAL_UC_SLOT_MIN": "240", "LOCAL_UC_SLOT_MAX": "254", "LOCAL_UC_PORT_BASE": "20000",
+            "LOCAL_UC_DB_PORT": "20060"}
+
+pytestmark = [
+    pytest.mark.localcluster,
+    pytest.mark.skipif(os.geteuid() != 0 or not LOCALCLUSTER_PYTHON.exists() or not shutil.which("slurmctld"),
+                       reason="needs root, the localcluster venv and Slurm"),
+]
+
+
+def spec_dict(name: str, *, min_count: int = 2, max_count: int = 2, idletime_min: float = 10.0,
+              accounting: bool = False, faults: dict | None = None, queues: list[dict] | None = None) -> dict:
+    return {
+        "name": name, "region": "us-east-1", "head_instance_type": "c5.4xlarge", "key_name": KEY_NAME,
+        "queues": queues or [{"name": "compute1", "compute_resources": [
+            {"name": "trn1", "instance_type": "trn1.32xlarge", "min_count": min_count, "max_count": max_count}]}],
+        "mount_dirs": ["/fsx"], "accounting": accounting, "scaledown_idletime_min": idletime_min,
+        "faults": {"boot_delay": 1.0, **(faults or {})},
+    }
+
+
+@dataclass
+class UcHome:
+    path: Path
+    env: dict[str, str]
+
+    @property
+    def private_key(self) -> Path:
+        return self.path / "keys" / KEY_NAME
+
+    def runtime(self, *args: str, timeout: float = 180) -> dict:
+        done = subprocess.run([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime", *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"runtime {args[0]} failed: {done.stderr}"
+        return json.loads(done.stdout)
+
+    def provision(self, spec: dict) -> "Cluster":
+        cluster_dir = self.path / "clusters" / spec["name"]
+        cluster_dir.mkdir(parents=True)
+        (cluster_dir / "spec.json").write_text(json.dumps(spec))
+        runtime = self.runtime("provision", str(cluster_dir / "spec.json"), str(cluster_dir))
+        return Cluster(home=self, dir=cluster_dir, runtime=runtime)
+
+
+@dataclass
+class Cluster:
+    home: UcHome
+    dir: Path
+    runtime: dict
+
+    @property
+    def head_ip(self) -> str:
+        return self.runtime["head_node"]["ip"]
+
+    @property
+    def ssh_port(self) -> int:
+        return self.runtime["head_node"]["ssh_port"]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [n["name"] for n in self.runtime["nodes"]]
+
+    def slurm(self, *args: str, check: bool = True) -> str:
+        """A Slurm client command run from the host against this cluster."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = self.runtime["slurm"]["conf"]
+        done = subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=30)
+        if check:
+            assert done.returncode == 0, f"{args}: {done.stderr}"
+        return done.stdout
+
+    def node_states(self) -> dict[str, str]:
+        out = self.slurm("sinfo", "-h", "-N", "-o", "%N %t")
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def job_field(self, job_id: str, field: str) -> str:
+        out = self.slurm("scontrol", "show", "job", job_id)
+        for token in out.split():
+            if token.startswith(field + "="):
+                return token.split("=", 1)[1]
+        raise AssertionError(f"{field} not in {out}")
+
+    def wait_job_state(self, job_id: str, wanted: set[str], timeout: float = 120) -> str:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.job_field(job_id, "JobState")
+            if state in wanted:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} stayed {state}, wanted {wanted}")
+
+    def describe(self) -> dict:
+        return self.home.runtime("describe", str(self.dir))
+
+    def ports(self) -> list[int]:
+        slurm = self.runtime["slurm"]
+        ports = [slurm["slurmctld_port"], *slurm["slurmd_ports"].values()]
+        return ports + ([slurm["slurmdbd_port"]] if slurm.get("slurmdbd_port") else [])
+
+    def teardown(self) -> None:
+        self.home.runtime("teardown", str(self.dir))
+
+
+def listening(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmd and int(pid) != os.getpid():
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def assert_cluster_gone(cluster: Cluster) -> None:
+    assert not cluster.dir.exists()
+    assert processes_mentioning(str(cluster.dir)) == []
+    assert [p for p in cluster.ports() if listening("127.0.0.1", p)] == []
+    assert not listening(cluster.head_ip, cluster.ssh_port)
+
+
+@pytest.fixture
+def uc_home() -> Iterator[UcHome]:
+    # Under /tmp but searchable by all: the cluster user must reach slurm.conf and the munge socket.
+    path = Path(tempfile.mkdtemp(prefix="uc-runtime-", dir="/tmp"))
+    path.chmod(0o755)
+    (path / "keys").mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path / "keys" / KEY_NAME)],
+                   check=True)
+    env = {**os.environ, **TEST_ENV, "LOCAL_ULTRACLUSTER_HOME": str(path)}
+    home = UcHome(path=path, env=env)
+    try:
+        yield home
+    finally:
+        subprocess.run([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime", "stop-everything", str(path)],
+                       env=env, capture_output=True, timeout=120)
+        keep = os.environ.get("UC_TEST_KEEP_LOGS")   # a dir to copy cluster logs to, for debugging
+        if keep and (path / "clusters").is_dir():
+            shutil.copytree(path / "clusters", Path(keep) / path.name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.socket", "shared"))
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch):
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    host_key = (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+    conn = {"conn_type": "ssh", "host": cluster.head_ip, "port": cluster.ssh_port,
+            "login": cluster.runtime["ssh_user"],
+            "extra": {"key_file": str(cluster.home.private_key), "host_key": f"{host_key[0]} {host_key[1]}",
+                      "look_for_keys": "false"}}
+    conn_id = "uc_head_" + cluster.runtime["cluster_name"].replace("-", "_")
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+    return SSHHook(ssh_conn_id=conn_id, conn_timeout=10, cmd_timeout=60)
+
+
+def run_over_ssh(hook, command: str) -> str:
+    with hook.get_conn() as client:
+        status, out, err = hook.exec_ssh_client_command(client, command, get_pty=False, environment=None)
+    assert status == 0, f"{command!r} exited {status}: {err.decode()}"
+    return out.decode()
+
+
+def sbatch_job_id(output: str) -> str:
+    assert output.startswith("Submitted batch job "), output
+    return output.split()[-1]
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = uc_home.provision(spec_dict("rt-static", min_count=2, max_count=2))
+    nodes = ["compute1-st-trn1-1", "compute1-st-trn1-2"]
+    assert cluster.node_names == nodes
+    hook = ssh_hook(cluster, monkeypatch)
+
+    sinfo = run_over_ssh(hook, "sinfo -h -N -o '%N %t %P'")
+    assert sorted(sinfo.split("\n")[:2]) == [f"{n} idle compute1*" for n in nodes]
+    assert run_over_ssh(hook, "hostname").strip() == cluster.runtime["head_node"]["hostname"]
+
+    job_id = sbatch_job_id(run_over_ssh(hook, "cd ~ && sbatch --exclusive --nodes 2 --wrap 'srun hostname'"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    output = run_over_ssh(hook, f"cat ~/slurm-{job_id}.out")
+    assert sorted(output.split()) == nodes
+
+    # What the training script does for MASTER_ADDR, plus the shared /fsx seen from every node.
+    script = ("MASTER=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1); getent hosts $MASTER; "
+              "srun bash -c 'echo $(hostname) > /fsx/seen-$(hostname)'")
+    job_id = sbatch_job_id(run_over_ssh(hook, f"cd ~ && sbatch --nodes 2 --output ~/resolve.out --wrap {shlex.quote(script)}"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    resolved = run_over_ssh(hook, "cat ~/resolve.out").split()
+    assert resolved == [cluster.runtime["nodes"][0]["ip"], nodes[0]]
+    assert sorted(run_over_ssh(hook, "cat /fsx/seen-*").split()) == nodes
+    assert sorted(p.name for p in Path(cluster.runtime["shared_dirs"]["/fsx"]).iterdir()) == \
+        [f"seen-{n}" for n in nodes]
+
+    instances = cluster.describe()["instances"]
+    assert [i["nodeType"] for i in instances] == ["HeadNode", "ComputeNode", "ComputeNode"]
+    assert all(i["state"] == "running" and i["instanceId"].startswith("i-") for i in instances)
+
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+    assert list((uc_home.path / "slots").glob("*.json")) == []
+    cluster.teardown()   # idempotent
+
+
+def test_dynamic_node_powers_up_for_a_job_and_down_when_idle(uc_home: UcHome) -> None:
+    cluster = uc_home.provision(spec_dict("rt-dynamic", min_count=0, max_count=1, idletime_min=0.1))
+    node = "compute1-dy-trn1-1"
+    assert cluster.node_states() == {node: "idle~"}
+    assert [i["nodeType"] for i in cluster.describe()["instances"]] == ["HeadNode"]
+
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "1", "--output", "/dev/null", "--wrap", "sleep 3"))
+    seen: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = cluster.node_states()[node]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if cluster.job_field(job_id, "JobState") == "COMPLETED":
+            break
+        time.sleep(0.2)
+    assert cluster.job_field(job_id, "JobState") == "COMPLETED"
+    assert seen[0] == "idle~"
+    assert any(s.endswith("#") for s in seen), seen            # powering up
+    assert any(s in ("alloc", "mix") for s in seen), seen        # running on the booted node
+    assert cluster.job_field(job_id, "NodeList") == node
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and cluster.node_states()[node] != "idle~":
+        time.sleep(0.5)
+    assert cluster.node_states()[node] == "idle~"
+    assert [i["nodeType"] for i in cluster.describe()["instances"]] == ["HeadNode"]
+    assert processes_mentioning(f"-N {node}") == []
+
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+
+
+def test_three_clusters_at_once_are_isolated(uc_home: UcHome) -> None:
+    names = ["rt-multi-a", "rt-multi-b", "rt-multi-c"]
+    for name in names:
+        cluster_dir = uc_home.path / "clusters" / name
+        cluster_dir.mkdir(parents=True)
+        (cluster_dir / "spec.json").write_text(json.dumps(spec_dict(name, min_count=1, max_count=1)))
+    # Provision concurrently: slot allocation must hold under the lock.
+    procs = [subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime", "provision",
+                               str(uc_home.path / "clusters" / n / "spec.json"), str(uc_home.path / "clusters" / n)],
+                              env=uc_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in names]
+    clusters = []
+    for name, proc in zip(names, procs):
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        clusters.append(Cluster(home=uc_home, dir=uc_home.path / "clusters" / name, runtime=json.loads(out)))
+
+    assert len({c.runtime["slot"] for c in clusters}) == 3
+    assert len({c.head_ip for c in clusters}) == 3
+    all_ports = [p for c in clusters for p in c.ports()]
+    assert len(all_ports) == len(set(all_ports))
+    keys = {(c.dir / "munge" / "munge.key").read_bytes() for c in clusters}
+    assert len(keys) == 3
+
+    job_ids = [sbatch_job_id(c.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname")) for c in clusters]
+    for cluster, job_id in zip(clusters, job_ids):
+        cluster.wait_job_state(job_id, {"COMPLETED"})
+        assert cluster.job_field(job_id, "NodeList") == "compute1-st-trn1-1"
+
+    # A credential of one cluster is worthless on another.
+    a, b = clusters[0], clusters[1]
+    cred = subprocess.run(["munge", "-S", a.runtime["slurm"]["munge_socket"], "-n"],
+                          capture_output=True, check=True).stdout
+    assert subprocess.run(["unmunge", "-S", a.runtime["slurm"]["munge_socket"]], input=cred,
+                          capture_output=True).returncode == 0
+    assert subprocess.run(["unmunge", "-S", b.runtime["slurm"]["munge_socket"]], input=cred,
+                          capture_output=True).returncode != 0
+
+    for cluster in clusters:
+        cluster.teardown()
+    for cluster in clusters:
+        assert_cluster_gone(cluster)
+
+
+def test_compute_fleet_stop_and_start(uc_home: UcHome) -> None:
+    cluster = uc_home.provision(spec_dict("rt-fleet", min_count=1, max_count=2, idletime_min=10))
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", "hostname"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    assert len(cluster.describe()["instances"]) == 3
+
+    assert uc_home.runtime("fleet", str(cluster.dir), "STOP_REQUESTED") == {"status": "STOPPED"}
+    described = cluster.describe()
+    assert described["compute_fleet_status"] == "STOPPED"
+    assert [i["nodeType"] for i in described["instances"]] == ["HeadNode"]
+    assert "inactive" in cluster.slurm("sinfo", "-h", "-o", "%a")
+    assert processes_mentioning("slurmd -D") == [] or all(
+        str(cluster.dir) not in p for p in processes_mentioning("slurmd -D"))
+
+    assert uc_home.runtime("fleet", str(cluster.dir), "START_REQUESTED") == {"status": "RUNNING"}
+    assert cluster.node_states()["compute1-st-trn1-1"] == "idle"
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+
+
+def test_accounting_with_slurmdbd(uc_home: UcHome) -> None:
+    cluster = uc_home.provision(spec_dict("rt-acct", min_count=1, max_count=1, accounting=True))
+    assert listening(cluster.head_ip, cluster.runtime["slurm"]["slurmdbd_port"])
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    deadline = time.monotonic() + 60
+    rows: list[str] = []
+    while time.monotonic() < deadline:
+        rows = cluster.slurm("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "JobID,State", check=False).split()
+        if rows == [f"{job_id}|COMPLETED"]:
+            break
+        time.sleep(1)
+    assert rows == [f"{job_id}|COMPLETED"]
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+    assert uc_home.runtime("stop-everything", str(uc_home.path))["stopped"]   # the shared MariaDB
+
+
+def test_without_accounting_sacct_c_reads_the_job_completion_log(uc_home: UcHome) -> None:
+    cluster = uc_home.provision(spec_dict("rt-jobcomp", min_count=1, max_count=1))
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    out = cluster.slurm("sacct", "-c", "-n", "-P", "-o", "JobID,State")
+    assert f"{job_id}|COMPLETED" in out.split()
+    cluster.teardown()
+    assert_cluster_gone(cluster)
