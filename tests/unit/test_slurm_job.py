@@ -383,3 +383,19 @@ def test_non_deferrable_waits_in_the_worker(training_dir):
     op._trigger = patched
     result = op.execute(context())
     assert result["state"] == "COMPLETED" and result["job_id"] == "3"
+
+
+def test_slurm_side_modules_keep_heavy_imports_out_of_parse_time():
+    """The DAG file imports these at parse time; jinja2/yaml come with Airflow itself."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import ultracluster.operators.slurm, ultracluster.operators.dataset, ultracluster.operators.results\n"
+        "import ultracluster.sensors.fleet, ultracluster.triggers.slurm, ultracluster.triggers.fleet\n"
+        "print(sorted(m for m in ('boto3', 'botocore', 'paramiko', 'asyncssh', 'torch') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
