@@ -1,0 +1,205 @@
+"""trn1_bert_pretrain: imports cleanly and lightly, exact tasks and wiring, params schema, early failures."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = REPO / "dags"
+DAG_FILE = DAGS / "trn1_bert_pretrain.py"
+DAG_ID = "trn1_bert_pretrain"
+
+TASK_IDS = ["create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
+            "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"]
+UPSTREAM = {
+    "create_vpc": set(),
+    "render_config": {"create_vpc"},
+    "pcluster_create": {"render_config"},
+    "wait_for_fleet": {"pcluster_create"},
+    "download_data": {"wait_for_fleet"},
+    "parallel_compile": {"download_data", "wait_for_fleet"},
+    "train": {"parallel_compile", "wait_for_fleet"},
+    "collect_results": {"train", "wait_for_fleet"},
+    "delete_cluster": {"collect_results", "pcluster_create"},
+    "delete_vpc": {"delete_cluster", "create_vpc"},
+}
+HEAVY = ("boto3", "botocore", "jinja2", "yaml", "paramiko", "asyncssh", "torch", "transformers")
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+@pytest.fixture(scope="module")
+def dag(dagbag):
+    assert dagbag.import_errors == {}
+    return dagbag.dags[DAG_ID]
+
+
+def test_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert DAG_ID in dagbag.dag_ids
+
+
+def test_exact_tasks_and_dependencies(dag):
+    assert sorted(dag.task_ids) == sorted(TASK_IDS)
+    assert {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in TASK_IDS} == UPSTREAM
+
+
+def test_teardowns_are_wired_to_their_setups(dag):
+    from airflow.sdk import TriggerRule
+
+    create_vpc, pcluster_create = dag.get_task("create_vpc"), dag.get_task("pcluster_create")
+    delete_cluster, delete_vpc = dag.get_task("delete_cluster"), dag.get_task("delete_vpc")
+    assert create_vpc.is_setup and pcluster_create.is_setup
+    assert delete_cluster.is_teardown and delete_vpc.is_teardown
+    assert not any(dag.get_task(t).is_setup or dag.get_task(t).is_teardown
+                   for t in TASK_IDS if t not in ("create_vpc", "pcluster_create", "delete_cluster", "delete_vpc"))
+    assert "pcluster_create" in delete_cluster.upstream_task_ids
+    assert {"create_vpc", "delete_cluster"} <= delete_vpc.upstream_task_ids  # cluster goes before its network
+    assert delete_cluster.trigger_rule == delete_vpc.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    assert delete_cluster.on_failure_fail_dagrun and delete_vpc.on_failure_fail_dagrun
+
+
+def test_schedule_and_run_limits(dag):
+    assert dag.catchup is False and dag.max_active_runs == 2
+    # Backfills need a periodic schedule.
+    assert dag.schedule == "@weekly" and dag.timetable.can_be_scheduled
+    assert dag.render_template_as_native_obj is True
+
+
+def test_every_param_explains_itself(dag):
+    required = {"num_nodes", "instance_type", "max_nodes", "min_nodes", "scaling_mode", "max_steps",
+                "steps_this_run", "batch_size", "grad_accum_usteps", "region", "availability_zone_id",
+                "existing_vpc_id", "existing_public_subnet_id", "existing_private_subnet_id", "dataset_s3_uri",
+                "artifacts_s3_uri", "compile_cache_s3_uri", "cluster_name", "extra_tags", "model_size",
+                "training_python", "head_node_instance_type", "shared_storage_mount_dir", "extra_queues"}
+    assert required <= set(dag.params)
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        assert param.description and len(param.description) > 15, name
+        assert param.schema.get("type"), name
+    assert dag.params.get_param("instance_type").schema["enum"] == ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
+
+
+def test_defaults_validate(dag):
+    values = dag.params.validate()
+    assert values["num_nodes"] <= values["max_nodes"]
+
+
+def merged(dag, conf: dict):
+    """What Airflow does with a trigger's conf: copy the DAG params, update with the conf (validates)."""
+    params = copy.deepcopy(dag.params)
+    params.update(conf)
+    return params.validate()
+
+
+@pytest.mark.parametrize("conf", [
+    {"instance_type": "p4d.24xlarge"},
+    {"num_nodes": 0},
+    {"num_nodes": "16"},
+    {"scaling_mode": "medium"},
+    {"model_size": "huge"},
+    {"dataset_s3_uri": "https://example.com/data.tar"},
+    {"availability_zone_id": "us-east-1a"},
+    {"cluster_name": "1-bad"},
+    {"existing_private_subnet_id": "sg-123"},
+    {"fsx_storage_capacity_gib": 1000},
+    {"extra_queues": [{"name": "Small", "instance_type": "trn1.2xlarge", "max_nodes": 1}]},
+    {"extra_queues": [{"name": "small", "instance_type": "c5.xlarge", "max_nodes": 1}]},
+    {"extra_tags": {"k": 1}},
+])
+def test_invalid_confs_are_rejected_by_the_schema(dag, conf):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    with pytest.raises(ParamValidationError):
+        merged(dag, conf)
+
+
+def test_a_valid_sweep_conf_is_accepted(dag):
+    values = merged(dag, {"num_nodes": 8, "scaling_mode": "weak", "cluster_name": "sweep-8",
+                          "extra_queues": [{"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 2}]})
+    assert values["num_nodes"] == 8
+
+
+def test_cross_field_errors_fail_in_create_vpc_before_anything_is_created(dag, monkeypatch):
+    """The schema cannot compare fields: num_nodes > max_nodes passes it, then create_vpc stops the run."""
+    from moto import mock_aws
+
+    from ultracluster.operators.config import ConfigValidationError
+
+    values = merged(dag, {"num_nodes": 32, "max_nodes": 16})  # schema-valid
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": "us-east-1"}}))
+    with mock_aws():
+        import boto3
+
+        task = dag.get_task("create_vpc")
+        context = {"params": values, "run_id": "manual__x", "dag": SimpleNamespace(dag_id=DAG_ID)}
+        with pytest.raises(ConfigValidationError, match=r"num_nodes \(32\) exceeds max_nodes \(16\)"):
+            task.execute(context)
+        assert boto3.client("cloudformation", region_name="us-east-1").describe_stacks()["Stacks"] == []
+        assert boto3.client("ec2", region_name="us-east-1").describe_nat_gateways()["NatGateways"] == []
+
+
+def test_run_derived_templates_render(dag):
+    env = dag.get_template_env(force_sandboxed=False)
+    run_id = "manual__2026-11-30T08:00:00+00:00"
+    create_vpc = dag.get_task("create_vpc")
+    stack_name = env.from_string(create_vpc.stack_name).render(run_id=run_id)
+    assert stack_name.startswith("uc-vpc-manual-2026-11-30t08-00-00-00-00-")
+    job_dir = env.from_string(dag.get_task("train").job_dir).render(
+        run_id=run_id, params={"shared_storage_mount_dir": "/fsx"}, dag=dag)
+    assert job_dir.startswith("/fsx/ultracluster/trn1_bert_pretrain/manual-2026-11-30t08-00-00-00-00-")
+
+
+def run_python(code: str, profile: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ULTRACLUSTER_")}
+    if profile:
+        env["ULTRACLUSTER_PROFILE"] = profile
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                               cwd=str(REPO), timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout.strip().splitlines()[-1]
+
+
+def test_dag_file_top_level_imports_stay_light():
+    # airflow.sdk itself imports jinja2 and yaml: measure what the DAG file adds on top of it.
+    code = (
+        "import sys, importlib.util\n"
+        "import airflow.sdk\n"
+        f"before = {{m for m in {HEAVY!r} if m in sys.modules}}\n"
+        f"spec = importlib.util.spec_from_file_location('dag_under_test', {str(DAG_FILE)!r})\n"
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        f"after = {{m for m in {HEAVY!r} if m in sys.modules}}\n"
+        "print(sorted(after - before), sorted(m for m in ('boto3', 'botocore', 'paramiko', 'asyncssh', 'torch') if m in sys.modules))\n"
+    )
+    assert run_python(code) == "[] []"
+
+
+@pytest.mark.parametrize("profile", ["production", "local"])
+def test_each_profile_parses_and_its_defaults_validate(profile):
+    code = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
+        "assert bag.import_errors == {}, bag.import_errors\n"
+        f"values = bag.dags[{DAG_ID!r}].params.validate()\n"
+        "from ultracluster.operators.config import validate_pipeline_params\n"
+        "validate_pipeline_params(values)\n"
+        "print(values['num_nodes'], values['model_size'])\n"
+    )
+    expected = {"production": "16 large", "local": "2 tiny"}[profile]
+    assert run_python(code, profile) == expected
