@@ -136,8 +136,9 @@ if [[ -z "${MASTER_PORT:-}" ]]; then
     if (( on_trn1 )); then
         MASTER_PORT=2022
     else
-        # Local clusters share one network stack: derive a port per (master, job).
-        MASTER_PORT=$(( 20000 + $(printf '%s' "$master_addr:$job_id" | cksum | cut -d' ' -f1) % 20000 ))
+        # Local clusters share one network stack: a port per (master, job), above the
+        # ephemeral range and away from the local clusters' Slurm ports (20000+).
+        MASTER_PORT=$(( 61000 + $(printf '%s' "$master_addr:$job_id" | cksum | cut -d' ' -f1) % 4500 ))
     fi
 fi
 

@@ -132,6 +132,7 @@ def test_killed_job_resumes_from_checkpoint_without_repeating_steps(training_pyt
         assert time.monotonic() < deadline and all(p.poll() is None for p in first.processes), first.output(0)
         time.sleep(0.2)
     first.kill()  # like Slurm killing the job's processes on every node
+    assert processes_mentioning(str(tmp_path / "output_621")) == []
     killed_at = max(p.step for p in progress_lines(first.output(0)))
     saved = sorted(int(p.stem.split("_")[1]) for p in checkpoints.glob("ckpt_*.pt"))
     assert saved and saved[-1] == 20 and killed_at < 40
