@@ -228,6 +228,8 @@ def describe_cluster_instances(args: argparse.Namespace) -> dict[str, Any]:
         entry = shapes.instance_entry(raw)
         if entry.get("nodeType") != "LoginNode":
             entry.pop("poolName", None)   # pcluster sets poolName only for login nodes
+        if entry.get("nodeType") == "ComputeNode":
+            entry.pop("publicIpAddress", None)   # compute nodes sit in the private subnet
         instances.append(entry)
     return {"instances": instances}
 

@@ -1,0 +1,281 @@
+"""The JSON of every pcluster command, field by field against recorded/ (real pcluster v3 shapes), through
+the real `pcluster` binary, a real moto server and the detached workers."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.fixtures_localcluster import (
+    REGION, UcNetwork, processes_mentioning, run_pcluster, wait_for_status, wait_until_gone,
+)
+
+pytestmark = pytest.mark.localcluster
+
+RECORDED = Path(__file__).parent / "recorded"
+ISO = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$"
+IPV4 = r"^\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}$"
+PATTERNS = {
+    "creationTime": ISO, "lastUpdatedTime": ISO, "launchTime": ISO, "lastStatusUpdatedTime": ISO,
+    "cloudformationStackArn": r"^arn:aws:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]{36}$",
+    "instanceId": r"^i-[0-9a-f]{8,17}$", "version": r"^3\.\d+\.\d+$", "url": r"^https?://\S+$",
+    "privateIpAddress": IPV4, "publicIpAddress": IPV4, "region": r"^[a-z]{2}(-[a-z]+)+-\d$",
+}
+STACK_STATUSES = {"CREATE_IN_PROGRESS", "CREATE_FAILED", "CREATE_COMPLETE", "ROLLBACK_IN_PROGRESS",
+                  "ROLLBACK_FAILED", "ROLLBACK_COMPLETE", "DELETE_IN_PROGRESS", "DELETE_FAILED", "DELETE_COMPLETE",
+                  "UPDATE_IN_PROGRESS", "UPDATE_COMPLETE", "UPDATE_FAILED"}
+FLEET_STATUSES = {"START_REQUESTED", "STARTING", "RUNNING", "PROTECTED", "STOP_REQUESTED", "STOPPING", "STOPPED",
+                  "UNKNOWN"}
+ENUMS = {
+    "clusterStatus": {"CREATE_IN_PROGRESS", "CREATE_FAILED", "CREATE_COMPLETE", "DELETE_IN_PROGRESS",
+                      "DELETE_FAILED", "DELETE_COMPLETE", "UPDATE_IN_PROGRESS", "UPDATE_COMPLETE", "UPDATE_FAILED"},
+    "cloudFormationStackStatus": STACK_STATUSES, "cloudformationStackStatus": STACK_STATUSES,
+    "computeFleetStatus": FLEET_STATUSES, "status": FLEET_STATUSES,
+    "state": {"pending", "running", "shutting-down", "terminated", "stopping", "stopped"},
+    "nodeType": {"HeadNode", "ComputeNode", "LoginNode"},
+}
+
+
+def recorded(name: str) -> Any:
+    return json.loads((RECORDED / f"{name}.json").read_text())
+
+
+def assert_same_shape(actual: Any, reference: Any, path: str = "$") -> None:
+    """Same keys and types as the reference; varying values checked by pattern or enum."""
+    if isinstance(reference, dict):
+        assert isinstance(actual, dict), f"{path}: {actual!r} is not an object"
+        assert set(actual) == set(reference), f"{path}: keys {sorted(actual)} != {sorted(reference)}"
+        for key, ref_value in reference.items():
+            value, where = actual[key], f"{path}.{key}"
+            if key in PATTERNS:
+                assert isinstance(value, str) and re.match(PATTERNS[key], value), f"{where}: {value!r}"
+            elif key in ENUMS:
+                assert value in ENUMS[key], f"{where}: {value!r}"
+            else:
+                assert_same_shape(value, ref_value, where)
+    elif isinstance(reference, list):
+        assert isinstance(actual, list), f"{path}: {actual!r} is not a list"
+        for index, item in enumerate(actual):
+            same_kind = [r for r in reference if not isinstance(r, dict) or r.get("nodeType") == item.get("nodeType")]
+            assert same_kind, f"{path}[{index}]: nothing like {item!r} in the reference"
+            assert_same_shape(item, same_kind[0], f"{path}[{index}]")
+    else:
+        assert type(actual) is type(reference), f"{path}: {actual!r} vs reference {reference!r}"
+
+
+def aws_client(env: dict[str, str], service: str) -> Any:
+    return boto3.client(service, region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"],
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def stack_gone(env: dict[str, str], name: str) -> bool:
+    try:
+        stacks = aws_client(env, "cloudformation").describe_stacks(StackName=name)["Stacks"]
+    except ClientError as error:
+        return "does not exist" in str(error)
+    return all(s["StackStatus"] == "DELETE_COMPLETE" for s in stacks)
+
+
+def delete_and_wait(env: dict[str, str], home: Path, name: str) -> None:
+    code, out = run_pcluster(env, "delete-cluster", "-n", name)
+    assert code == 0, out
+    assert_same_shape(out, recorded("delete_cluster"))
+    assert out["cluster"]["clusterStatus"] == "DELETE_IN_PROGRESS"
+    gone = wait_until_gone(env, name)
+    assert gone == {"message": f"Cluster '{name}' does not exist or belongs to an incompatible ParallelCluster "
+                               "major version."}
+    assert not (home / "clusters" / name).exists()
+    assert stack_gone(env, name)
+    # The delete worker exits right after removing the state.
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(home / "clusters" / name)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(home / "clusters" / name)) == []
+
+
+def test_version(pcluster: Callable[..., tuple[int, Any]]) -> None:
+    assert pcluster("version") == (0, recorded("version"))
+
+
+def test_in_progress_shapes_then_delete_then_not_found(
+        pcluster: Callable[..., tuple[int, Any]], make_cluster_config: Callable[..., Path],
+        uc_env: dict[str, str], uc_home: Path, uc_network: UcNetwork) -> None:
+    # Stays CREATE_IN_PROGRESS for the whole test: a long provisioning delay.
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600", "project": "ultracluster"})
+    code, created = pcluster("create-cluster", "-n", "shapes", "-c", str(config))
+    assert code == 0, created
+    assert_same_shape(created, recorded("create_cluster"))
+    assert created["cluster"]["cloudformationStackStatus"] == "CREATE_IN_PROGRESS"
+    assert created["cluster"]["clusterName"] == "shapes"
+
+    code, described = pcluster("describe-cluster", "-n", "shapes")
+    assert code == 0
+    assert_same_shape(described, recorded("describe_cluster_in_progress"))
+    assert (described["clusterStatus"], described["cloudFormationStackStatus"]) == ("CREATE_IN_PROGRESS",) * 2
+    assert described["cloudformationStackArn"] == created["cluster"]["cloudformationStackArn"]
+    assert {"key": "project", "value": "ultracluster"} in described["tags"]
+    assert {"key": "parallelcluster:cluster-name", "value": "shapes"} in described["tags"]
+    # The presigned URL serves the uploaded config from moto's S3.
+    with urllib.request.urlopen(described["clusterConfiguration"]["url"], timeout=10) as response:
+        assert response.read().decode() == config.read_text()
+
+    code, listed = pcluster("list-clusters")
+    assert code == 0
+    assert_same_shape(listed, recorded("list_clusters"))
+    assert [c["clusterName"] for c in listed["clusters"]] == ["shapes"]
+    code, filtered = pcluster("list-clusters", "--cluster-status", "CREATE_COMPLETE")
+    assert (code, filtered) == (0, {"clusters": []})
+
+    assert pcluster("describe-compute-fleet", "-n", "shapes") == (0, {"status": "UNKNOWN"})
+    assert pcluster("describe-cluster-instances", "-n", "shapes") == (0, {"instances": []})
+
+    # The stack in moto carries pcluster's tags and holds the head node security group in the config's VPC.
+    stack = aws_client(uc_env, "cloudformation").describe_stacks(StackName="shapes")["Stacks"][0]
+    tags = {t["Key"]: t["Value"] for t in stack["Tags"]}
+    assert tags == {"parallelcluster:version": described["version"], "parallelcluster:cluster-name": "shapes",
+                    "local-ultracluster:provisioning-delay": "600", "project": "ultracluster"}
+    resources = aws_client(uc_env, "cloudformation").describe_stack_resources(StackName="shapes")["StackResources"]
+    [group] = [r for r in resources if r["ResourceType"] == "AWS::EC2::SecurityGroup"]
+    sg = aws_client(uc_env, "ec2").describe_security_groups(GroupIds=[group["PhysicalResourceId"]])
+    assert sg["SecurityGroups"][0]["VpcId"] == uc_network.vpc_id
+
+    delete_and_wait(uc_env, uc_home, "shapes")
+    with pytest.raises(ClientError):
+        aws_client(uc_env, "ec2").describe_security_groups(GroupIds=[group["PhysicalResourceId"]])
+    assert pcluster("delete-cluster", "-n", "shapes") == (1, recorded("error_delete_cluster_not_found") | {
+        "message": recorded("error_delete_cluster_not_found")["message"].replace("'nothere'", "'shapes'")})
+    assert pcluster("describe-compute-fleet", "-n", "shapes") == (1, {
+        "message": recorded("error_describe_compute_fleet_not_found")["message"].replace("'nothere'", "'shapes'")})
+    assert pcluster("describe-cluster-instances", "-n", "shapes") == (
+        0, recorded("describe_cluster_instances_not_found"))
+    assert pcluster("list-clusters") == (0, {"clusters": []})
+
+
+def test_not_found_messages_match_pcluster(pcluster: Callable[..., tuple[int, Any]]) -> None:
+    assert pcluster("describe-cluster", "-n", "nothere") == (1, recorded("error_describe_cluster_not_found"))
+    assert pcluster("delete-cluster", "-n", "nothere") == (1, recorded("error_delete_cluster_not_found"))
+    assert pcluster("describe-compute-fleet", "-n", "nothere") == (
+        1, recorded("error_describe_compute_fleet_not_found"))
+    assert pcluster("describe-cluster-instances", "-n", "nothere") == (
+        0, recorded("describe_cluster_instances_not_found"))
+
+
+@pytest.mark.parametrize(("rollback", "stack_status"), [(None, "ROLLBACK_COMPLETE"), ("false", "CREATE_FAILED")])
+def test_fail_create_fault_after_a_provisioning_window(
+        rollback: str | None, stack_status: str, pcluster: Callable[..., tuple[int, Any]],
+        make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "3",
+                                       "local-ultracluster:fail-create": "OnNodeConfiguredExecutionFailure"})
+    extra = ["--rollback-on-failure", rollback] if rollback else []
+    code, created = pcluster("create-cluster", "-n", "doomed", "-c", str(config), *extra)
+    assert code == 0, created
+    # The window: CREATE_IN_PROGRESS while the create worker runs.
+    code, early = pcluster("describe-cluster", "-n", "doomed")
+    assert early["clusterStatus"] == "CREATE_IN_PROGRESS"
+    assert "failures" not in early
+    assert processes_mentioning("localcluster.worker create")
+
+    failed = wait_for_status(uc_env, "doomed", {"CREATE_FAILED", "CREATE_COMPLETE"})
+    assert_same_shape(failed, recorded("describe_cluster_failed"))
+    assert failed["clusterStatus"] == "CREATE_FAILED"
+    assert failed["cloudFormationStackStatus"] == stack_status
+    assert failed["failures"] == recorded("describe_cluster_failed")["failures"]
+    # No daemons were left: nothing provisioned, no process runs for the cluster.
+    assert not (uc_home / "clusters" / "doomed" / "runtime.json").exists()
+    assert processes_mentioning(str(uc_home / "clusters" / "doomed")) == []
+    code, listed = pcluster("list-clusters", "--cluster-status", "CREATE_FAILED")
+    assert [c["clusterName"] for c in listed["clusters"]] == ["doomed"]
+    assert pcluster("update-compute-fleet", "-n", "doomed", "--status", "STOP_REQUESTED")[0] == 1
+    delete_and_wait(uc_env, uc_home, "doomed")
+
+
+def test_delete_during_create_in_progress(pcluster: Callable[..., tuple[int, Any]],
+                                          make_cluster_config: Callable[..., Path],
+                                          uc_env: dict[str, str], uc_home: Path) -> None:
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600"})
+    code, _ = pcluster("create-cluster", "-n", "shortlived", "-c", str(config))
+    assert code == 0
+    create_pid = json.loads((uc_home / "clusters" / "shortlived" / "cluster.json").read_text())["createWorkerPid"]
+    delete_and_wait(uc_env, uc_home, "shortlived")
+    assert not Path(f"/proc/{create_pid}").exists() or "Z" in Path(f"/proc/{create_pid}/stat").read_text()
+
+
+def test_cli_argument_errors_like_pcluster(pcluster: Callable[..., tuple[int, Any]], uc_env: dict[str, str]) -> None:
+    import subprocess
+    from tests.fixtures_localcluster import PCLUSTER_BIN
+    missing = subprocess.run([str(PCLUSTER_BIN), "describe-cluster"], env=uc_env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "-n/--cluster-name" in missing.stderr
+    bad_choice = subprocess.run([str(PCLUSTER_BIN), "update-compute-fleet", "-n", "xy", "--status", "FOO"],
+                                env=uc_env, capture_output=True, text=True)
+    assert bad_choice.returncode == 2 and "invalid choice" in bad_choice.stderr
+    assert pcluster("update-compute-fleet", "-n", "nothere", "--status", "ENABLED") == (1, {
+        "message": "Cluster 'nothere' does not exist or belongs to an incompatible ParallelCluster major version."})
+    assert pcluster("version", "--query", "version") == (0, recorded("version")["version"])
+
+
+RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and bool(shutil.which("sshd") or
+                                                                               Path("/usr/sbin/sshd").exists())
+
+
+@pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd for real daemons")
+def test_full_lifecycle_create_complete_fleet_delete(
+        pcluster: Callable[..., tuple[int, Any]], make_cluster_config: Callable[..., Path],
+        uc_env: dict[str, str], uc_home: Path) -> None:
+    config = make_cluster_config(static=1, dynamic=1, tags={"local-ultracluster:provisioning-delay": "1"})
+    code, created = pcluster("create-cluster", "-n", "lifecycle", "-c", str(config))
+    assert code == 0, created
+    complete = wait_for_status(uc_env, "lifecycle", {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)
+    assert complete["clusterStatus"] == "CREATE_COMPLETE", (
+        complete, (uc_home / "clusters" / "lifecycle" / "worker-create.log").read_text()[-3000:])
+    assert_same_shape(complete, recorded("describe_cluster_complete"))
+    assert complete["computeFleetStatus"] == "RUNNING"
+    head = complete["headNode"]
+    assert head["state"] == "running" and head["privateIpAddress"].startswith("127.100.")
+
+    code, instances = pcluster("describe-cluster-instances", "-n", "lifecycle")
+    assert code == 0
+    assert_same_shape(instances, recorded("describe_cluster_instances"))
+    kinds = sorted(i["nodeType"] for i in instances["instances"])
+    assert kinds == ["ComputeNode", "HeadNode"]   # the static node; the dynamic one is powered down
+    code, only_compute = pcluster("describe-cluster-instances", "-n", "lifecycle", "--node-type", "ComputeNode",
+                                  "--queue-name", "compute1")
+    assert [i["nodeType"] for i in only_compute["instances"]] == ["ComputeNode"]
+    assert pcluster("describe-cluster-instances", "-n", "lifecycle", "--queue-name", "nope") == (0, {"instances": []})
+
+    code, fleet = pcluster("describe-compute-fleet", "-n", "lifecycle")
+    assert code == 0
+    assert_same_shape(fleet, recorded("describe_compute_fleet"))
+    assert fleet["status"] == "RUNNING"
+
+    code, stop = pcluster("update-compute-fleet", "-n", "lifecycle", "--status", "STOP_REQUESTED")
+    assert code == 0
+    assert_same_shape(stop, recorded("update_compute_fleet"))
+    assert stop["status"] == "STOP_REQUESTED"
+    wait_for_fleet(uc_env, "lifecycle", "STOPPED")
+    code, start = pcluster("update-compute-fleet", "-n", "lifecycle", "--status", "START_REQUESTED")
+    assert (code, start["status"]) == (0, "START_REQUESTED")
+    wait_for_fleet(uc_env, "lifecycle", "RUNNING")
+
+    delete_and_wait(uc_env, uc_home, "lifecycle")
+    assert not (uc_home / "slots").exists() or not list((uc_home / "slots").glob("*.json"))
+
+
+def wait_for_fleet(env: dict[str, str], name: str, wanted: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        code, last = run_pcluster(env, "describe-compute-fleet", "-n", name)
+        if code == 0 and last["status"] == wanted:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"fleet of {name} never reached {wanted}: {last}")
