@@ -16,7 +16,7 @@ from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .procs import (kill_pids, ns_inode, pid_alive, pids_in_namespaces, read_pid, shared_uts_inodes,
                     wait_for_pid_file)
 
-START_TIMEOUT_S = 15.0
+START_TIMEOUT_S = 30.0
 
 def ns_exec_script() -> str:
     # Next to the package source (an editable install resolves resources.files() unreliably).

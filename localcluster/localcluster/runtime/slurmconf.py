@@ -91,7 +91,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
     else:
         lines += [
             "AccountingStorageType=accounting_storage/slurmdbd",
-            f"AccountingStorageHost={head_name}",
+            f"AccountingStorageHost={slot.head_ip}",   # resolvable from the host too (sacct there)
             f"AccountingStoragePort={slot.slurmdbd_port}",
             # slurmctld authenticates to slurmdbd through this munge socket.
             f"AccountingStoragePass={paths.munge_socket}",
