@@ -157,6 +157,7 @@ def up(home: Path, endpoint: str, start: bool, dataset_tar: Path | None) -> list
     done: list[str] = []
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o755)   # the cluster user must traverse into cluster dirs
+    _loopback_host_port(endpoint)   # before any probe: never send traffic off the machine
     if endpoint_answers(endpoint):
         done.append(f"moto already answering at {endpoint}")
     elif start:
@@ -239,7 +240,8 @@ def down(home: Path) -> list[str]:
 
 
 def status(home: Path, endpoint: str) -> dict[str, Any]:
-    moto: dict[str, Any] = {"endpoint": endpoint, "answers": endpoint_answers(endpoint)}
+    loopback = (urlparse(endpoint).hostname or "").startswith("127.")
+    moto: dict[str, Any] = {"endpoint": endpoint, "answers": loopback and endpoint_answers(endpoint)}
     if moto_pid_file(home).exists():
         pid = json.loads(moto_pid_file(home).read_text())["pid"]
         moto.update(pid=pid, alive=pid_alive(pid))
