@@ -1,0 +1,217 @@
+"""Slurm side against a REAL local UltraCluster (pcluster-compatible CLI, moto, slurmctld/slurmd,
+sshd head node): wait_for_fleet pins the real host key, download_data pulls from moto with curl on the
+head node, SlurmJobOperator submits/streams/reattaches/fails/cancels real Slurm jobs, collect_results
+uploads to moto. Only connections differ from production.
+
+Run: .venvs/airflow/bin/python -m pytest tests/integration/test_slurm_side.py -q  (root; ~1-2 min)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.fixtures_localcluster import PCLUSTER_BIN, wait_for_status, wait_until_gone
+
+RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
+pytestmark = [pytest.mark.localcluster, pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm, sshd")]
+
+DATASET_KEY = ("training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/"
+               "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar")
+
+# A stand-in run script honouring the training job contract (env vars, UC_PROGRESS, UC_RESULTS,
+# output_<jobid>/ with per-node logs and results.json); the real one needs the training venv.
+RUN_SCRIPT = r"""#!/bin/bash
+set -u
+out="$OUTPUT_ROOT/output_$SLURM_JOB_ID"
+mkdir -p "$out/ckpt"
+echo "rank $SLURM_PROCID on $(hostname) COMPILE_ONLY=${COMPILE_ONLY:-0}" > "$out/log_ph1_bf16_${SLURM_PROCID}_${SLURM_NNODES}"
+if [ "$SLURM_PROCID" = 0 ]; then
+  for i in 1 2 3; do
+    echo "UC_PROGRESS step=$i total=3 loss=$((10 - i)).500000 lr=0.000100 throughput=1$i.00 eta_s=$((3 - i))"
+    sleep "${STEP_SLEEP:-1}"
+  done
+  echo "checkpoint" > "$out/ckpt/ckpt_3.pt"
+  cat > "$out/results.json" <<EOF
+{"results": {"parameters": {"World size": $SLURM_NNODES, "Batch size": 8, "Gradient accumulation microsteps": 2,
+ "Total steps": 3, "Scaling mode": "$SCALING_MODE"},
+ "metrics": [{"MetricName": "Final loss", "MeasuredValue": 7.5, "Units": "-", "Timestamp": "t", "AdditionalData": ""},
+             {"MetricName": "Average throughput", "MeasuredValue": 12.0, "Units": "seq/s", "Timestamp": "t", "AdditionalData": ""},
+             {"MetricName": "Peak throughput", "MeasuredValue": 13.0, "Units": "seq/s", "Timestamp": "t", "AdditionalData": ""},
+             {"MetricName": "Time to train", "MeasuredValue": 0.05, "Units": "minutes", "Timestamp": "t", "AdditionalData": ""}]}}
+EOF
+  echo "UC_RESULTS $out/results.json"
+fi
+if [ -n "${FAIL_WITH:-}" ]; then echo "UC_ERROR asked to fail"; exit "$FAIL_WITH"; fi
+"""
+
+
+class Store(dict):
+    def set(self, key, value, **_):
+        self[key] = value
+
+
+def ctx(task_id: str, store: Store | None = None, run_id: str = "manual__it_1") -> dict:
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id=run_id, task_id=task_id, map_index=-1)
+    return {"ti": ti, "task_state_store": store if store is not None else Store(), "outlet_events": OutletEvents()}
+
+
+class OutletEvents(dict):
+    def __missing__(self, key):
+        self[key] = SimpleNamespace(extra={})
+        return self[key]
+
+
+@pytest.fixture
+def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
+    """A 2-static + 1-dynamic node cluster and the three Airflow connections pointing at it."""
+    name = "slurmside"
+    config = make_cluster_config(static=2, dynamic=1, tags={"local-ultracluster:provisioning-delay": "1"})
+    code, created = pcluster("create-cluster", "-n", name, "-c", str(config))
+    assert code == 0, created
+    described = wait_for_status(uc_env, name, {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)
+    assert described["clusterStatus"] == "CREATE_COMPLETE", described
+    cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
+    endpoint = uc_env["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
+        {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(
+        {"conn_type": "aws", "login": "testing", "password": "testing",
+         "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
+        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+         "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
+         "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
+    yield SimpleNamespace(name=name, home=uc_home, env=uc_env, endpoint=endpoint)
+    pcluster("delete-cluster", "-n", name)
+    wait_until_gone(uc_env, name, timeout=120)  # then uc_home checks that nothing is left running
+
+
+def wait_for_fleet(cluster, num_nodes: int, queue: str | None = None) -> dict:
+    from ultracluster.triggers.fleet import ComputeFleetTrigger
+
+    trigger = ComputeFleetTrigger(cluster_name=cluster.name, num_nodes=num_nodes, queue=queue,
+                                  pcluster_conn_id="pcluster_default", ssh_conn_id="ultracluster_head_node",
+                                  ssh_port=int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")), poke_interval=1)
+
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=180))
+
+
+def test_slurm_side_end_to_end(cluster, tmp_path):
+    import boto3
+
+    from airflow.providers.common.compat.sdk import AirflowException
+
+    from ultracluster import remote_commands as rc
+    from ultracluster.hooks.head_node import HeadNodeHook, HostKeyMismatchError
+    from ultracluster.hooks.slurm import SlurmHook
+    from ultracluster.operators.dataset import DownloadDatasetOperator
+    from ultracluster.operators.results import CollectResultsOperator
+    from ultracluster.operators.slurm import SlurmJobOperator
+
+    # wait_for_fleet: real describe-cluster + real sinfo; the pinned key is the cluster's sshd key
+    event = wait_for_fleet(cluster, num_nodes=2)
+    assert event["status"] == "success", event
+    head = event["head_node"]
+    pub = (cluster.home / "clusters" / cluster.name / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    assert head["host_key"] == " ".join(pub) and head["address"].startswith("127.100.")
+    assert head["partition"] == "compute1"
+    too_many = wait_for_fleet(cluster, num_nodes=4)
+    assert too_many["status"] == "failed" and "Not enough usable nodes" in too_many["message"]
+
+    # a wrong host key is refused by the real head node
+    wrong = dict(head, host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMTV0nBQVJCoQRcHDIBnyHP9DpoIIr9SLjgyYCZAb4u")
+    with pytest.raises(HostKeyMismatchError):
+        HeadNodeHook(head_node=wrong).run(rc.sinfo())
+
+    # download_data from moto with curl on the head node; the second run skips
+    files = {f"wiki_training_{i}.hdf5": os.urandom(1024) for i in range(2)}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        manifest = "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in files.items()).encode()
+        for name, data in {**files, "SHA256SUMS": manifest}.items():
+            info = tarfile.TarInfo(f"bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    s3 = boto3.client("s3", endpoint_url=cluster.endpoint, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3.put_object(Bucket="neuron-s3", Key=DATASET_KEY, Body=buffer.getvalue())
+    download = DownloadDatasetOperator(task_id="download_data", head_node=head,
+                                       dataset_s3_uri=f"s3://neuron-s3/{DATASET_KEY}", data_dir="/fsx/data",
+                                       expected_min_files=2)
+    first = download.execute(ctx("download_data"))
+    assert first == {"data_dir": "/fsx/data/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128", "files": 2, "skipped": False}
+    assert download.execute(ctx("download_data"))["skipped"] is True
+
+    # parallel_compile: neuron_parallel_compile is absent locally -> COMPILE_ONLY=1 fallback
+    training = tmp_path / "training"
+    training.mkdir()
+    (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
+    env = {"SCALING_MODE": "strong", "DATA_DIR": first["data_dir"], "STEP_SLEEP": "0"}
+    compile_op = SlurmJobOperator(task_id="parallel_compile", head_node=head, job_dir="/fsx/jobs/compile",
+                                  num_nodes=2, job_env=env, launcher="neuron_parallel_compile",
+                                  training_files_dir=str(training), deferrable=False, poll_interval=1)
+    compiled = compile_op.execute(ctx("parallel_compile"))
+    assert compiled["state"] == "COMPLETED"
+    slurm = SlurmHook(head_node=head)
+    assert "COMPILE_ONLY=1" in slurm.tail_log(compiled["output_dir"] + "/log_ph1_bf16_0_2")
+    assert "neuron_parallel_compile not found" in slurm.tail_log(compiled["log_path"])
+
+    # train: progress streamed, result shape; a retry of the same task reattaches (no 2nd sbatch)
+    store = Store()
+    train_op = SlurmJobOperator(task_id="train", head_node=head, job_dir="/fsx/jobs/train", num_nodes=2,
+                                job_env=env, training_files_dir=str(training), deferrable=False, poll_interval=1)
+    trained = train_op.execute(ctx("train", store))
+    assert trained["state"] == "COMPLETED" and trained["exit_code"] == 0
+    assert trained["results_path"] == f"{trained['output_dir']}/results.json"
+    again = train_op.execute(ctx("train", store))
+    assert again["job_id"] == trained["job_id"]
+    same_name = slurm.squeue_by_name(rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train"))
+    assert [j.job_id for j in same_name] == [trained["job_id"]]
+
+    # collect_results: upload to moto through presigned PUT URLs and curl on the head node
+    collect = CollectResultsOperator(task_id="collect_results", head_node=head, train=trained,
+                                     artifacts_s3_uri="s3://ultracluster-artifacts", num_nodes=2)
+    metrics = collect.execute(ctx("collect_results"))
+    assert metrics["final_loss"] == 7.5 and metrics["scaling_mode"] == "strong" and metrics["global_batch"] == 32
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ultracluster-artifacts")["Contents"]}
+    prefix = "results/trn1_bert_pretrain/manual__it_1/"
+    assert {prefix + "results.json", prefix + "log_ph1_bf16_0_2", prefix + "log_ph1_bf16_1_2",
+            prefix + "ckpt/ckpt_3.pt", prefix + f"slurm-{trained['job_id']}.out"} <= keys
+
+    # a failing job: state, exit code and the log tail in the error
+    failing = SlurmJobOperator(task_id="train_fail", head_node=head, job_dir="/fsx/jobs/fail", num_nodes=1,
+                               job_env={**env, "FAIL_WITH": "3"}, training_files_dir=str(training),
+                               deferrable=False, poll_interval=1)
+    with pytest.raises(AirflowException) as error:
+        failing.execute(ctx("train_fail"))
+    assert "FAILED" in str(error.value) and "exit code 3" in str(error.value) and "UC_ERROR asked to fail" in str(error.value)
+
+    # on_kill cancels the running job
+    slow = SlurmJobOperator(task_id="train_slow", head_node=head, job_dir="/fsx/jobs/slow", num_nodes=1,
+                            job_env={**env, "STEP_SLEEP": "60"}, training_files_dir=str(training), poll_interval=1)
+    slow._validate()
+    job_id = slow.submit(ctx("train_slow"), rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train_slow"))
+    slow._job_id = job_id
+    slow.on_kill()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = slurm.job_status(job_id, "/fsx/jobs/slow")
+        if status.terminal:
+            break
+        time.sleep(1)
+    assert status.state == "CANCELLED", status
