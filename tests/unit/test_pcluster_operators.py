@@ -194,3 +194,122 @@ def test_delete_failed_is_retried_then_reported(env):
     assert env.verbs() == ["describe-cluster", "delete-cluster"]
     with pytest.raises(RuntimeError, match="not deleted after 2 attempt.*inspect stack arn:aws"):
         delete_op(max_delete_attempts=2).execute_complete(make_context(), failed, delete_attempt=2)
+
+
+# --- the AWS side end to end on the local UltraCluster (real pcluster-compatible CLI, moto server) -----
+
+def run_trigger(trigger) -> dict:
+    import asyncio
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(first_event())
+
+
+def resume(operator, context, deferred: TaskDeferred):
+    """What the triggerer + worker do after a deferral: run the trigger, call the method with its event."""
+    event = run_trigger(deferred.trigger)
+    return getattr(operator, deferred.method_name)(context, event, **(deferred.kwargs or {}))
+
+
+def run_to_completion(operator, context):
+    try:
+        return operator.execute(context)
+    except TaskDeferred as deferred:
+        while True:
+            try:
+                return resume(operator, context, deferred)
+            except TaskDeferred as again:
+                deferred = again
+
+
+@pytest.fixture
+def local_aws(uc_env, monkeypatch):
+    from pathlib import Path
+
+    endpoint = uc_env["AWS_ENDPOINT_URL"]
+    for key in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, uc_env[key])
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(
+        {"conn_type": "aws", "extra": {"region_name": REGION, "endpoint_url": endpoint}}))
+    binary = Path(__file__).resolve().parents[2] / ".venvs" / "localcluster" / "bin" / "pcluster"
+    cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_U"))}
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
+        {"conn_type": "generic", "extra": {"binary": str(binary), "region": REGION, "env": cli_env}}))
+    return uc_env
+
+
+def aws_side_tasks(params: dict):
+    from ultracluster.operators.config import RenderClusterConfigOperator
+    from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
+
+    create_vpc = CreateVpcStackOperator(task_id="create_vpc", stack_name="uc-vpc-localtest",
+                                        availability_zone_id=params["availability_zone_id"], region_name=REGION,
+                                        waiter_delay=1)
+
+    def render(network):
+        return RenderClusterConfigOperator(
+            task_id="render_config", network=network, cluster_name=None, region_name=REGION,
+            key_name=params["key_name"], image_os=params["image_os"],
+            head_node_instance_type=params["head_node_instance_type"], instance_type=params["instance_type"],
+            min_nodes=params["min_nodes"], max_nodes=params["max_nodes"], extra_queues=params["extra_queues"],
+            shared_storage_mount_dir=params["shared_storage_mount_dir"],
+            fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"], artifacts_s3_uri=params["artifacts_s3_uri"],
+            dataset_s3_uri=params["dataset_s3_uri"], compile_cache_s3_uri=params["compile_cache_s3_uri"],
+            extra_tags=params["extra_tags"])
+
+    def delete_vpc(network):
+        return DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, waiter_delay=1)
+
+    return create_vpc, render, delete_vpc
+
+
+@pytest.mark.localcluster
+def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
+    from ultracluster.profiles import load_profile
+
+    params = load_profile("local")
+    context = make_context(run_id="manual__localtest")
+    context["params"] = params
+    create_vpc, render, delete_vpc = aws_side_tasks(params)
+    network = run_to_completion(create_vpc, context)
+    try:
+        config = render(network).execute(context)
+        created = run_to_completion(create_op(cluster_config=config, region_name=REGION), context)
+        assert created["cluster_status"] == "CREATE_COMPLETE"
+        assert created["head_node"]["publicIpAddress"].startswith("127.100.")
+
+        # A retry of pcluster_create reattaches: no second create-cluster.
+        again = create_op(cluster_config=config, region_name=REGION).execute(make_context(run_id="manual__localtest"))
+        assert again["cluster_name"] == created["cluster_name"]
+
+        deleted = run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
+        assert deleted == {"cluster_name": config["cluster_name"], "deleted": True}
+    finally:
+        result = run_to_completion(delete_vpc(network), context)
+    assert result["deleted"] is True
+
+
+@pytest.mark.localcluster
+def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws):
+    from ultracluster.parsers.pcluster import ClusterNotFoundError
+    from ultracluster.hooks.parallelcluster import ParallelClusterHook
+    from ultracluster.profiles import load_profile
+
+    params = dict(load_profile("local"), extra_tags={"local-ultracluster:fail-create": "OnNodeConfiguredExecutionFailure"})
+    context = make_context(run_id="manual__localfail")
+    context["params"] = params
+    create_vpc, render, delete_vpc = aws_side_tasks(params)
+    network = run_to_completion(create_vpc, context)
+    try:
+        config = render(network).execute(context)
+        with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure"):
+            run_to_completion(create_op(cluster_config=config, region_name=REGION), context)
+        # The failed cluster is being deleted by pcluster_create itself; the delete wait confirms it goes.
+        run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
+        with pytest.raises(ClusterNotFoundError):
+            ParallelClusterHook().describe_cluster(config["cluster_name"])
+    finally:
+        run_to_completion(delete_vpc(network), context)
