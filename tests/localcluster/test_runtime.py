@@ -170,11 +170,11 @@ def uc_home() -> Iterator[UcHome]:
         keep = os.environ.get("UC_TEST_KEEP_LOGS")   # a dir to copy cluster logs to, for debugging
         if keep and (path / "clusters").is_dir():
             shutil.copytree(path / "clusters", Path(keep) / path.name, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.socket", "shared"))
+                            ignore=shutil.ignore_patterns("shared", "spool"))
         shutil.rmtree(path, ignore_errors=True)
 
 
-def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch):
+def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, conn_retry_attempts: int = 3):
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
     host_key = (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
@@ -184,7 +184,7 @@ def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch):
                       "look_for_keys": "false"}}
     conn_id = "uc_head_" + cluster.runtime["cluster_name"].replace("-", "_")
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
-    return SSHHook(ssh_conn_id=conn_id, conn_timeout=10, cmd_timeout=60)
+    return SSHHook(ssh_conn_id=conn_id, conn_timeout=10, cmd_timeout=60, conn_retry_attempts=conn_retry_attempts)
 
 
 def run_over_ssh(hook, command: str) -> str:

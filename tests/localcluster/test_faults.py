@@ -1,0 +1,118 @@
+"""Fault knobs of the local UltraCluster (docs/contracts.md), each with real daemons."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+try:
+    from test_runtime import (LOCALCLUSTER_PYTHON, UcHome, assert_cluster_gone, pytestmark, run_over_ssh,
+                              sbatch_job_id, spec_dict, ssh_hook, uc_home)
+except ImportError:   # if tests/localcluster becomes a package
+    from tests.localcluster.test_runtime import (LOCALCLUSTER_PYTHON, UcHome, assert_cluster_gone, pytestmark,
+                                                 run_over_ssh, sbatch_job_id, spec_dict, ssh_hook, uc_home)
+
+__all__ = ["pytestmark", "uc_home", "LOCALCLUSTER_PYTHON"]
+
+ICE_REASON = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
+
+
+def node_field(cluster, node: str, field: str) -> str:
+    out = cluster.slurm("scontrol", "show", "node", node)
+    # Reason=... runs to the end of its line and may hold spaces.
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith(field + "="):
+            return line.split("=", 1)[1].split(" [")[0]
+        for token in line.split():
+            if token.startswith(field + "="):
+                return token.split("=", 1)[1]
+    raise AssertionError(f"{field} not in {out}")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_insufficient_capacity_leaves_the_node_down_with_pcluster_reason(uc_home: UcHome) -> None:
+    queues = [{"name": "compute1", "compute_resources": [
+        {"name": "trn1", "instance_type": "trn1.32xlarge", "min_count": 0, "max_count": 1},
+        {"name": "trn1b", "instance_type": "trn1.2xlarge", "min_count": 0, "max_count": 1}]}]
+    cluster = uc_home.provision(spec_dict("ft-ice", queues=queues, faults={"insufficient_capacity": ["trn1"]}))
+    denied, allowed = "compute1-dy-trn1-1", "compute1-dy-trn1b-1"
+
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--constraint", "trn1", "--output", "/dev/null",
+                                         "--wrap", "hostname"))
+    wait_for(lambda: cluster.node_states()[denied].startswith("down"), 60, "the denied node to go down")
+    assert node_field(cluster, denied, "Reason") == ICE_REASON
+    state = cluster.wait_job_state(job_id, {"NODE_FAIL", "PENDING", "FAILED", "CANCELLED"}, timeout=60)
+    assert state != "COMPLETED"
+    assert [i["nodeType"] for i in cluster.describe()["instances"]] == ["HeadNode"]
+
+    # Other compute resources still launch.
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--constraint", "trn1b", "--output", "/dev/null",
+                                         "--wrap", "hostname"))
+    cluster.wait_job_state(job_id, {"COMPLETED"}, timeout=120)
+    assert cluster.job_field(job_id, "NodeList") == allowed
+    assert cluster.node_states()[denied].startswith("down")
+
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+
+
+def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home: UcHome) -> None:
+    cluster = uc_home.provision(spec_dict("ft-kill", min_count=2, max_count=2, faults={"kill_node_after": 3}))
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null",
+                                         "--wrap", "srun sleep 120"))
+    cluster.wait_job_state(job_id, {"RUNNING"}, timeout=60)
+    first_node = cluster.slurm("scontrol", "show", "hostnames", cluster.job_field(job_id, "NodeList")).split()[0]
+
+    assert cluster.wait_job_state(job_id, {"NODE_FAIL"}, timeout=90) == "NODE_FAIL"
+    agent_log = (cluster.dir / "log" / "agent.log").read_text()
+    assert f"killed {first_node} (job {job_id})" in agent_log
+    controller_log = (cluster.dir / "log" / "slurmctld.log").read_text()
+    assert f"update_node: node {first_node} reason set to: Node failure: instance terminated" in controller_log
+    assert f"update_node: node {first_node} state set to DOWN" in controller_log
+
+    # Like clustermgtd replacing an unhealthy static node, it comes back once; no second kill.
+    wait_for(lambda: cluster.node_states()[first_node] == "idle", 90, f"{first_node} to be replaced")
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", "srun sleep 5"))
+    assert cluster.wait_job_state(job_id, {"COMPLETED", "NODE_FAIL"}, timeout=90) == "COMPLETED"
+
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+
+
+def ssh_reachable(cluster) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((cluster.head_ip, cluster.ssh_port)) == 0
+
+
+def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHome,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = uc_home.provision(spec_dict("ft-ssh", min_count=1, max_count=1, faults={"ssh_outage": [4, 10]}))
+    hook = ssh_hook(cluster, monkeypatch, conn_retry_attempts=1)
+    host_key_before = (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text()
+
+    wait_for(lambda: not ssh_reachable(cluster), 60, "sshd to go away", interval=0.2)
+    with pytest.raises(Exception):
+        hook.get_conn()
+    wait_for(lambda: ssh_reachable(cluster), 60, "sshd to come back", interval=0.2)
+
+    # Host key verification still passes: same key after the restart.
+    assert (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text() == host_key_before
+    hook.client = None
+    assert "compute1-st-trn1-1" in run_over_ssh(hook, "sinfo -h -N -o %N")
+    agent_log = (cluster.dir / "log" / "agent.log").read_text()
+    assert "sshd" in agent_log and "restarted" in agent_log
+
+    cluster.teardown()
+    assert_cluster_gone(cluster)
