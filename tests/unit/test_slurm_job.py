@@ -151,6 +151,20 @@ def test_reattaches_by_name_without_submitting(training_dir):
     assert deferred.value.trigger.job_id == "41" and store.values[STATE_KEY_JOB_ID] == "41"
 
 
+def test_log_offset_is_carried_only_for_the_same_job(training_dir):
+    replay = ReplayHeadNode(scontrol=[recorded("scontrol_running")])
+    store = DictStore(**{STATE_KEY_JOB_ID: "1", "slurm_log_offset": {"job_id": "1", "offset": 512}})
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(replay, training_dir).execute(context(store))
+    assert deferred.value.trigger.log_offset == 512
+    replay = ReplayHeadNode(scontrol=[recorded("scontrol_failed")], squeue=[recorded("squeue_none")], mkdir=[OK],
+                            sbatch=[CommandResult(0, "99\n", "")])
+    store = DictStore(**{STATE_KEY_JOB_ID: "4", "slurm_log_offset": {"job_id": "4", "offset": 512}})
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(replay, training_dir).execute(context(store))
+    assert deferred.value.trigger.job_id == "99" and deferred.value.trigger.log_offset == 0
+
+
 def test_reattaches_to_stored_running_job(training_dir):
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_running")])
     with pytest.raises(TaskDeferred) as deferred:
@@ -230,7 +244,7 @@ def test_failure_message_has_state_exit_code_and_log_tail(training_dir):
     text = str(error.value)
     assert "Slurm job 4 ended FAILED" in text and "exit code 3" in text and "RuntimeError: boom" in text
     assert replay.calls[0].description == "tail -n 40 /fsx/jobs/run1/train/slurm-4.out"
-    assert store.values["slurm_log_offset"] == 10
+    assert store.values["slurm_log_offset"] == {"job_id": "4", "offset": 10}
 
 
 @pytest.mark.parametrize("state", ["TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"])

@@ -218,7 +218,9 @@ class SlurmJobOperator(BaseOperator):
         store = context.get("task_state_store")
         if store is not None:
             store.set(STATE_KEY_JOB_ID, job_id)
-        log_offset = int(store.get(STATE_KEY_LOG_OFFSET) or 0) if store is not None else 0
+        # The streamed offset is only meaningful for the job it was read from.
+        saved = (store.get(STATE_KEY_LOG_OFFSET) if store is not None else None) or {}
+        log_offset = int(saved.get("offset", 0)) if isinstance(saved, dict) and saved.get("job_id") == job_id else 0
         trigger = self._trigger(job_id, log_offset)
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
@@ -251,7 +253,7 @@ class SlurmJobOperator(BaseOperator):
         self._job_id = job_id
         store = context.get("task_state_store")
         if store is not None and event.get("log_offset") is not None:
-            store.set(STATE_KEY_LOG_OFFSET, int(event["log_offset"]))
+            store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
         log_path = self._log_path(job_id)
         if event.get("status") != "success":
             raise AirflowException(self._failure_message(event, log_path))
