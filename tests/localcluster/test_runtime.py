@@ -362,3 +362,17 @@ def test_without_accounting_sacct_c_reads_the_job_completion_log(uc_home: UcHome
     assert f"{job_id}|COMPLETED" in out.split()
     cluster.teardown()
     assert_cluster_gone(cluster)
+
+
+def test_stop_everything_stops_every_cluster_of_a_home(uc_home: UcHome) -> None:
+    clusters = [uc_home.provision(spec_dict(name, min_count=1, max_count=1)) for name in ("rt-down-a", "rt-down-b")]
+    stopped = uc_home.runtime("stop-everything", str(uc_home.path))["stopped"]
+    for cluster in clusters:
+        assert any(s.startswith(f"{cluster.dir.name}: slurmctld[") for s in stopped), stopped
+        assert processes_mentioning(str(cluster.dir)) == []
+        assert [p for p in cluster.ports() if listening("127.0.0.1", p)] == []
+        assert not listening(cluster.head_ip, cluster.ssh_port)
+    # The state stays for inspection; teardown (pcluster delete-cluster) still cleans it up.
+    for cluster in clusters:
+        cluster.teardown()
+        assert_cluster_gone(cluster)

@@ -93,10 +93,22 @@ def ancestors() -> set[int]:
     return chain
 
 
+# Only processes the runtime itself starts are swept by command line; a CLI worker naming the same
+# directory (create/delete/fleet) is never a target.
+SWEEPABLE_COMMANDS = ("slurmctld", "slurmd", "slurmstepd", "slurmdbd", "slurmscriptd", "munged", "sshd",
+                      "unshare", "ns-exec.sh", "localcluster.runtime.power", "localcluster.runtime.agent",
+                      "mariadbd")
+
+
 def pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line names `text` (e.g. a cluster dir): the fallback sweep."""
+    """Runtime processes whose command line names `text` (e.g. a cluster dir): the fallback sweep."""
     mine = ancestors()
-    return [pid for pid in all_pids() if pid not in mine and text in cmdline(pid)]
+    found = []
+    for pid in all_pids():
+        command = cmdline(pid)
+        if pid not in mine and text in command and any(c in command for c in SWEEPABLE_COMMANDS):
+            found.append(pid)
+    return found
 
 
 def kill_pids(pids: list[int], grace: float = 3.0) -> list[int]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -33,6 +34,7 @@ def provision(spec: ClusterSpec, cluster_dir: Path) -> dict:
         from .teardown import stop_cluster_processes, release_cluster
         stop_cluster_processes(paths)
         release_cluster(paths, spec.name)
+        shutil.rmtree(paths.short_run, ignore_errors=True)
         if isinstance(exc, RuntimeProvisionError):
             raise
         raise RuntimeProvisionError(f"provisioning {spec.name} failed: {exc}") from exc

@@ -125,6 +125,7 @@ def stop_everything(home: Path) -> list[str]:
         for cluster_dir in sorted(p for p in clusters.iterdir() if p.is_dir()):
             paths = ClusterPaths(cluster_dir)
             stopped += [f"{cluster_dir.name}: {s}" for s in stop_cluster_processes(paths)]
+            shutil.rmtree(paths.short_run, ignore_errors=True)
     stopped += accounting.stop_mariadb(home)
     leftovers = pids_mentioning(str(home))
     stopped += [f"process[{p}]" for p in kill_pids(leftovers)]
