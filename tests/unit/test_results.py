@@ -73,6 +73,10 @@ def test_select_artifacts_keeps_results_logs_and_newest_checkpoint():
         "events.out.tfevents.1": 3, "scratch/tmp.txt": 1,
     }
     assert select_artifacts(files) == ["ckpt_40.pt", "log_ph1_bf16_0_2", "log_ph1_bf16_1_2", "results.json"]
+    # the training program's layout: checkpoints/ckpt_<step>.pt, written through a hidden temp file
+    training = {"results.json": 1, "log_ph1_bf16_0_1": 1, "checkpoints/ckpt_30.pt": 1, "checkpoints/ckpt_40.pt": 1,
+                "checkpoints/.ckpt_50.pt.tmp": 1}
+    assert select_artifacts(training) == ["checkpoints/ckpt_40.pt", "log_ph1_bf16_0_1", "results.json"]
 
 
 def test_summary_table_is_readable():

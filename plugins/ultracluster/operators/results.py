@@ -129,7 +129,11 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
 
 
 def select_artifacts(files: Mapping[str, int], results_name: str = "results.json") -> list[str]:
-    """results.json, every per-node log, and the final checkpoint (highest step number, else all)."""
+    """results.json, every per-node log, and the final checkpoint (highest step number, else all).
+
+    Hidden files (``.ckpt_40.pt.tmp``: a checkpoint being written) are never picked.
+    """
+    files = {p: size for p, size in files.items() if not posixpath.basename(p).startswith(".")}
     chosen = [p for p in files if posixpath.basename(p) == results_name]
     chosen += [p for p in files if _NODE_LOG.search(p)]
     checkpoints = [p for p in files if _CHECKPOINT.search(p) and p not in chosen]
