@@ -413,3 +413,40 @@ def test_slurm_side_modules_keep_heavy_imports_out_of_parse_time():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "map_index, states, expected",
+    [
+        (-1, {"r1": {"train": "deferred"}}, True),   # trigger moved to another triggerer: keep the job
+        (-1, {"r1": {"train": "failed"}}, False),     # user marked it failed: cancel
+        (-1, {"r1": {"train": None}}, False),         # cleared
+        (2, {"r1": {"train_2": "deferred"}}, True),   # mapped instances are keyed task_id_mapindex
+        (2, {"r1": {"train": "deferred"}}, False),
+    ],
+)
+def test_on_kill_guard_reads_the_task_state(monkeypatch, map_index, states, expected):
+    from airflow.sdk.execution_time import task_runner
+
+    seen = {}
+
+    def fake_get_task_states(**kwargs):
+        seen.update(kwargs)
+        return states
+
+    monkeypatch.setattr(task_runner.RuntimeTaskInstance, "get_task_states", staticmethod(fake_get_task_states))
+    ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="train", map_index=map_index)
+    assert asyncio.run(slurm_trigger_module.task_is_still_deferred(ti)) is expected
+    assert seen == {"dag_id": "d", "task_ids": ["train"], "run_ids": ["r1"], "map_index": map_index}
+
+
+def test_on_kill_guard_treats_unknown_state_as_a_real_kill(monkeypatch):
+    from airflow.sdk.execution_time import task_runner
+
+    def broken(**kwargs):
+        raise RuntimeError("no supervisor comms")
+
+    monkeypatch.setattr(task_runner.RuntimeTaskInstance, "get_task_states", staticmethod(broken))
+    ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="train", map_index=-1)
+    assert asyncio.run(slurm_trigger_module.task_is_still_deferred(ti)) is False
+    assert asyncio.run(slurm_trigger_module.task_is_still_deferred(None)) is False

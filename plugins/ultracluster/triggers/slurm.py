@@ -38,19 +38,25 @@ async def task_is_still_deferred(task_instance: Any) -> bool:
     """
     if task_instance is None:
         return False
+    map_index = getattr(task_instance, "map_index", -1)
+    if map_index is None:
+        map_index = -1
     try:
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
+        # Sync SDK call through the triggerer's comms: run it off the event loop thread.
         states = await asyncio.to_thread(
             RuntimeTaskInstance.get_task_states,
             dag_id=task_instance.dag_id,
             task_ids=[task_instance.task_id],
             run_ids=[task_instance.run_id],
-            map_index=getattr(task_instance, "map_index", -1),
+            map_index=map_index,
         )
     except Exception:
         return False
-    state = (states or {}).get(task_instance.run_id, {}).get(task_instance.task_id)
+    # The execution API keys mapped instances as "<task_id>_<map_index>".
+    key = task_instance.task_id if map_index < 0 else f"{task_instance.task_id}_{map_index}"
+    state = (states or {}).get(task_instance.run_id, {}).get(key)
     return str(getattr(state, "value", state)).lower() == "deferred"
 
 
