@@ -56,6 +56,15 @@ def test_exact_tasks_and_dependencies(dag):
     assert {task_id: set(dag.get_task(task_id).upstream_task_ids) for task_id in TASK_IDS} == UPSTREAM
 
 
+def test_dag_serializes_for_the_scheduler(dag):
+    """The scheduler and dag.test() serialize the DAG; e.g. templating a BaseOperator field fails here."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    restored = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    assert sorted(restored.task_ids) == sorted(TASK_IDS)
+    assert restored.get_task("delete_vpc").is_teardown
+
+
 def test_teardowns_are_wired_to_their_setups(dag):
     from airflow.sdk import TriggerRule
 
