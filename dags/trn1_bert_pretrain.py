@@ -211,7 +211,7 @@ with DAG(
         task_id="wait_for_fleet",
         cluster_name=CLUSTER_NAME,
         num_nodes="{{ params.num_nodes }}",
-        queue=TRAINING_QUEUE,
+        partition=TRAINING_QUEUE,
         pcluster_conn_id=PCLUSTER_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,
         poke_interval=PROFILE["fleet_poke_interval_s"],

@@ -69,7 +69,7 @@ def first_contact(monkeypatch):
 
 
 def make_trigger(head_node: SinfoHeadNode, **kwargs) -> ComputeFleetTrigger:
-    params = dict(cluster_name="uc-run1", num_nodes=2, queue=None, pcluster_conn_id="pcluster_default",
+    params = dict(cluster_name="uc-run1", num_nodes=2, partition=None, pcluster_conn_id="pcluster_default",
                   ssh_conn_id="ultracluster_head_node", ssh_port=2222, poke_interval=0)
     params.update(kwargs)
     trigger = ComputeFleetTrigger(**params)
@@ -137,10 +137,10 @@ def test_fails_fast_when_needed_nodes_are_down_or_drained(first_contact):
 
 
 def test_named_queue_and_unknown_queue(first_contact):
-    ok = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=1, queue="compute2")
+    ok = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=1, partition="compute2")
                      .check_once(FakePcluster(described("create_complete"))))
     assert ok[0] == READY and ok[2]["partition"] == "compute2"
-    bad = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), queue="nope")
+    bad = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), partition="nope")
                       .check_once(FakePcluster(described("create_complete"))))
     assert bad[0] == FAIL and "nope" in bad[1]
 
@@ -191,7 +191,7 @@ def test_trigger_run_waits_then_fires(first_contact):
 
 
 def test_trigger_serialize_round_trip():
-    trigger = ComputeFleetTrigger(cluster_name="c", num_nodes=2, queue="compute1", pcluster_conn_id="p",
+    trigger = ComputeFleetTrigger(cluster_name="c", num_nodes=2, partition="compute1", pcluster_conn_id="p",
                                   ssh_conn_id="s", ssh_port=2222, host_key=HOST_KEY, poke_interval=5)
     classpath, kwargs = trigger.serialize()
     module, _, name = classpath.rpartition(".")

@@ -27,13 +27,13 @@ class ComputeFleetSensor(BaseSensorOperator):
 
     :param cluster_name: ParallelCluster name.
     :param num_nodes: nodes the jobs need.
-    :param queue: Slurm partition (ParallelCluster queue); None = the default partition.
+    :param partition: Slurm partition (a ParallelCluster queue); None = the default partition.
     :param pcluster_conn_id: ParallelClusterHook connection.
     :param ssh_conn_id: SSH connection of the head node (user, key, port).
     :param deferrable: wait in the triggerer (BaseSensorOperator in 3.3 has no such argument).
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "queue")
+    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition")
     ui_color = "#e8f8f5"
 
     def __init__(
@@ -41,7 +41,7 @@ class ComputeFleetSensor(BaseSensorOperator):
         *,
         cluster_name: str,
         num_nodes: int | str,
-        queue: str | None = None,
+        partition: str | None = None,
         pcluster_conn_id: str = "pcluster_default",
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         poke_interval: float = 30,
@@ -52,7 +52,7 @@ class ComputeFleetSensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
         self.cluster_name = cluster_name
         self.num_nodes = num_nodes
-        self.queue = queue
+        self.partition = partition
         self.pcluster_conn_id = pcluster_conn_id
         self.ssh_conn_id = ssh_conn_id
         self.deferrable = deferrable
@@ -81,7 +81,7 @@ class ComputeFleetSensor(BaseSensorOperator):
         return ComputeFleetTrigger(
             cluster_name=self.cluster_name,
             num_nodes=int(self.num_nodes),
-            queue=self.queue,
+            partition=self.partition,
             pcluster_conn_id=self.pcluster_conn_id,
             ssh_conn_id=self.ssh_conn_id,
             ssh_port=self._ssh_port(),

@@ -87,7 +87,7 @@ class ComputeFleetTrigger(BaseTrigger):
 
     :param cluster_name: ParallelCluster name.
     :param num_nodes: nodes the next job needs.
-    :param queue: Slurm partition; None = the default partition.
+    :param partition: Slurm partition; None = the default partition.
     :param pcluster_conn_id: connection of ParallelClusterHook.
     :param ssh_conn_id: SSH connection (user, key) of the head node.
     :param ssh_port: port sshd listens on (from the SSH connection).
@@ -100,7 +100,7 @@ class ComputeFleetTrigger(BaseTrigger):
         *,
         cluster_name: str,
         num_nodes: int,
-        queue: str | None,
+        partition: str | None,
         pcluster_conn_id: str,
         ssh_conn_id: str,
         ssh_port: int = 22,
@@ -110,7 +110,7 @@ class ComputeFleetTrigger(BaseTrigger):
         super().__init__()
         self.cluster_name = cluster_name
         self.num_nodes = int(num_nodes)
-        self.queue = queue
+        self.partition = partition
         self.pcluster_conn_id = pcluster_conn_id
         self.ssh_conn_id = ssh_conn_id
         self.ssh_port = int(ssh_port)
@@ -123,7 +123,7 @@ class ComputeFleetTrigger(BaseTrigger):
             {
                 "cluster_name": self.cluster_name,
                 "num_nodes": self.num_nodes,
-                "queue": self.queue,
+                "partition": self.partition,
                 "pcluster_conn_id": self.pcluster_conn_id,
                 "ssh_conn_id": self.ssh_conn_id,
                 "ssh_port": self.ssh_port,
@@ -162,8 +162,8 @@ class ComputeFleetTrigger(BaseTrigger):
         head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
         slurm = self._slurm(head_node)
         try:
-            nodes = await slurm.asinfo(self.queue)
-            capacity = partition_capacity(nodes, self.queue, self.num_nodes)
+            nodes = await slurm.asinfo(self.partition)
+            capacity = partition_capacity(nodes, self.partition, self.num_nodes)
         except HostKeyMismatchError as err:
             return FAIL, str(err), None
         except HeadNodeUnreachableError as err:
