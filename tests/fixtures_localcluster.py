@@ -1,7 +1,7 @@
 """Fixtures for the local UltraCluster, reusable by every test package (registered in tests/conftest.py).
 
     moto_server          session: a real `moto_server` on a free loopback port; yields its endpoint URL
-    uc_home              a fresh LOCAL_ULTRACLUSTER_HOME (under /tmp, mode 0755) after
+    uc_home              (prepared_home() as a fixture) a fresh LOCAL_ULTRACLUSTER_HOME (under /tmp, mode 0755) after
                          `local-ultracluster up --no-moto --endpoint <moto_server>`: buckets, key pair,
                          airflow.env; torn down with `local-ultracluster down` (nothing left running)
     uc_env               env vars to run the CLI binaries against that home (dict[str, str])
@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,14 +125,15 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-@pytest.fixture
-def uc_home(moto_server: str) -> Iterator[Path]:
+@contextmanager
+def prepared_home(endpoint: str) -> Iterator[Path]:
+    """A fresh home after `local-ultracluster up --no-moto`; `down` and removal afterwards."""
     # Under /tmp and searchable by all: the cluster user must reach files inside cluster dirs.
     home = Path(tempfile.mkdtemp(prefix="uc-cli-", dir="/tmp"))
     home.chmod(0o755)
-    env = cli_env(home, moto_server)
+    env = cli_env(home, endpoint)
     try:
-        done = run_admin(env, "up", "--no-moto", "--endpoint", moto_server)
+        done = run_admin(env, "up", "--no-moto", "--endpoint", endpoint)
         assert done.returncode == 0, f"local-ultracluster up failed: {done.stdout} {done.stderr}"
         yield home
     finally:
@@ -139,6 +141,12 @@ def uc_home(moto_server: str) -> Iterator[Path]:
         leftovers = processes_mentioning(str(home))
         shutil.rmtree(home, ignore_errors=True)
         assert leftovers == [], f"processes left running: {leftovers}"
+
+
+@pytest.fixture
+def uc_home(moto_server: str) -> Iterator[Path]:
+    with prepared_home(moto_server) as home:
+        yield home
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.fixtures_localcluster import REGION, processes_mentioning, run_pcluster
+from tests.fixtures_localcluster import REGION, prepared_home, processes_mentioning, run_pcluster
 
 pytestmark = pytest.mark.localcluster
 
@@ -20,6 +20,13 @@ RECORDED = Path(__file__).parent / "recorded"
 # Entries the real run got from moto, not from the config (recorded/README.md).
 MOTO_NOISE_TYPES = {"HeadNodeLaunchTemplateValidator", "ComputeResourceLaunchTemplateValidator"}
 NAME = "vcheck"
+
+
+@pytest.fixture(scope="module")
+def uc_home(moto_server: str) -> Iterator[Path]:
+    """One home for the module: a rejected config creates nothing, so tests cannot disturb each other."""
+    with prepared_home(moto_server) as home:
+        yield home
 
 
 def recorded(name: str) -> dict[str, Any]:
