@@ -279,3 +279,40 @@ def wait_for_fleet(env: dict[str, str], name: str, wanted: str, timeout: float =
             return
         time.sleep(0.5)
     raise AssertionError(f"fleet of {name} never reached {wanted}: {last}")
+
+
+def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
+                                    make_cluster_config: Callable[..., Path],
+                                    uc_env: dict[str, str], uc_home: Path) -> None:
+    """spec.json: queues, counts, EFA, mount dirs, accounting, caller tags, and faults from tags and env."""
+    config = make_cluster_config(static=2, dynamic=3, queues=2, accounting=True, tags={
+        "local-ultracluster:provisioning-delay": "600", "local-ultracluster:insufficient-capacity": "trn1",
+        "local-ultracluster:ssh-outage": "5:10", "team": "ml"})
+    env = {**uc_env, "LOCAL_UC_KILL_NODE_AFTER": "7", "LOCAL_UC_PROVISIONING_DELAY": "1"}
+    code, out = run_pcluster(env, "create-cluster", "-n", "specced", "-c", str(config))
+    assert code == 0, out
+    spec = json.loads((uc_home / "clusters" / "specced" / "spec.json").read_text())
+    assert spec["name"] == "specced" and spec["region"] == REGION and spec["key_name"] == "ultracluster-local"
+    assert spec["head_instance_type"] == "c5.4xlarge"
+    assert [q["name"] for q in spec["queues"]] == ["compute1", "compute2"]
+    assert spec["queues"][0]["placement_group"] is True and spec["queues"][0]["capacity_type"] == "ONDEMAND"
+    assert spec["queues"][0]["compute_resources"] == [
+        {"name": "trn1", "instance_type": "trn1.32xlarge", "min_count": 2, "max_count": 5, "efa": True}]
+    assert spec["mount_dirs"] == ["/fsx"] and spec["accounting"] is True
+    assert spec["scaledown_idletime_min"] == 10.0
+    assert ["team", "ml"] in spec["tags"]
+    # The tag wins over the variable; variables fill in what tags do not set.
+    assert spec["faults"] == {"provisioning_delay": 600.0, "fail_create": None, "insufficient_capacity": ["trn1"],
+                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0}
+    assert spec["config_yaml"] == config.read_text()
+    delete_and_wait(uc_env, uc_home, "specced")
+
+
+def test_fail_create_from_the_environment(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
+                                          uc_home: Path) -> None:
+    env = {**uc_env, "LOCAL_UC_FAIL_CREATE": "FsxMountFailure"}
+    code, _ = run_pcluster(env, "create-cluster", "-n", "envfail", "-c", str(make_cluster_config()))
+    assert code == 0
+    failed = wait_for_status(uc_env, "envfail", {"CREATE_FAILED", "CREATE_COMPLETE"})
+    assert failed["failures"] == [{"failureCode": "FsxMountFailure", "failureReason": "Failed to mount FSX."}]
+    delete_and_wait(uc_env, uc_home, "envfail")
