@@ -57,7 +57,7 @@ def test_single_process_lamb_run_learns(training_python, data_dir, tmp_path):
     done = subprocess.run(
         [str(training_python), str(TRAINING_DIR / "dp_bert_large_hf_pretrain_hdf5.py"),
          "--data_dir", str(data_dir), "--output_dir", str(tmp_path / "out"), "--model_size", "tiny",
-         "--optimizer", "lamb", "--lr", "0.01", "--max_steps", "25", "--warmup_steps", "3",
+         "--optimizer", "lamb", "--lr", "0.05", "--max_steps", "25", "--warmup_steps", "3",
          "--batch_size", "8", "--grad_accum_usteps", "2", "--num_threads", "2"],
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
