@@ -375,3 +375,30 @@ def test_stop_everything_stops_every_cluster_of_a_home(uc_home: UcHome) -> None:
     for cluster in clusters:
         cluster.teardown()
         assert_cluster_gone(cluster)
+
+
+def test_one_partition_per_queue_first_is_default_and_every_mount_dir_is_shared(uc_home: UcHome) -> None:
+    queues = [
+        {"name": "compute1", "compute_resources": [
+            {"name": "trn1", "instance_type": "trn1.32xlarge", "min_count": 1, "max_count": 2}]},
+        {"name": "compute2", "compute_resources": [
+            {"name": "small", "instance_type": "trn1.2xlarge", "min_count": 1, "max_count": 1},
+            {"name": "big", "instance_type": "trn1.32xlarge", "min_count": 0, "max_count": 1}]},
+    ]
+    spec = spec_dict("rt-queues", queues=queues)
+    spec["mount_dirs"] = ["/fsx", "/scratch"]
+    cluster = uc_home.provision(spec)
+    assert cluster.node_states() == {"compute1-st-trn1-1": "idle", "compute1-dy-trn1-1": "idle~",
+                                     "compute2-st-small-1": "idle", "compute2-dy-big-1": "idle~"}
+    partitions = cluster.slurm("sinfo", "-h", "-o", "%P %D").split("\n")
+    assert sorted(p for p in partitions if p) == ["compute1* 2", "compute2 2"]
+
+    job_id = sbatch_job_id(cluster.slurm(
+        "sbatch", "-p", "compute2", "-C", "small", "--output", "/dev/null",
+        "--wrap", "hostname > /fsx/host && touch /scratch/seen"))
+    cluster.wait_job_state(job_id, {"COMPLETED"})
+    shared = cluster.runtime["shared_dirs"]
+    assert (Path(shared["/fsx"]) / "host").read_text().strip() == "compute2-st-small-1"
+    assert (Path(shared["/scratch"]) / "seen").exists()
+    cluster.teardown()
+    assert_cluster_gone(cluster)

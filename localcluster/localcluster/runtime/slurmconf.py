@@ -67,6 +67,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",
         "MpiDefault=none",
+        "MailProg=/bin/true",
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         # One hop from slurmctld to every node, as pcluster configures for cloud nodes.
         "TreeWidth=65533",
