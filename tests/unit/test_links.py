@@ -1,0 +1,73 @@
+"""Operator extra links and the plugin that registers them."""
+from __future__ import annotations
+
+import pytest
+
+from ultracluster.links import (
+    CloudFormationStackLink,
+    ClusterConfigLink,
+    ParallelClusterStackLink,
+    S3ResultsLink,
+    split_s3_uri,
+)
+
+
+def test_stack_link_escapes_the_arn():
+    url = ParallelClusterStackLink().format_link(
+        region_name="us-east-1", stack_name="arn:aws:cloudformation:us-east-1:1:stack/uc-x/abc")
+    assert url == ("https://console.aws.amazon.com/cloudformation/home?region=us-east-1#/stacks/stackinfo?"
+                   "stackId=arn%3Aaws%3Acloudformation%3Aus-east-1%3A1%3Astack/uc-x/abc")
+
+
+def test_s3_links():
+    assert ClusterConfigLink().format_link(region_name="us-east-1", bucket="b", key="runs/x/cluster-config.yaml") == (
+        "https://s3.console.aws.amazon.com/s3/object/b?region=us-east-1&prefix=runs/x/cluster-config.yaml")
+    assert S3ResultsLink().format_link(region_name="us-east-1", bucket="b", prefix="runs/x") == (
+        "https://s3.console.aws.amazon.com/s3/buckets/b?region=us-east-1&prefix=runs/x/")
+
+
+def test_missing_values_give_no_link():
+    assert CloudFormationStackLink().format_link(region_name="us-east-1") == ""
+
+
+def test_persist_pushes_under_the_links_key():
+    pushed = {}
+
+    class TaskInstance:
+        def xcom_push(self, key, value):
+            pushed[key] = value
+
+    CloudFormationStackLink.persist(context={"ti": TaskInstance()}, region_name="us-east-1", stack_name="s")
+    assert pushed == {"ultracluster_cloudformation_stack": {"region_name": "us-east-1", "stack_name": "s"}}
+
+
+def test_links_have_distinct_names_and_keys():
+    links = [CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink]
+    assert len({link.name for link in links}) == len({link.key for link in links}) == len(links)
+
+
+def test_plugin_registers_every_link():
+    from ultracluster.plugin import UltraClusterPlugin
+
+    assert {type(link) for link in UltraClusterPlugin.operator_extra_links} == {
+        CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink}
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    from importlib.metadata import entry_points
+
+    [entry] = [e for e in entry_points(group="airflow.plugins") if e.name == "ultracluster"]
+    assert entry.load().name == "ultracluster"
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("s3://bucket/a/b.tar", ("bucket", "a/b.tar")), ("s3://bucket", ("bucket", "")), ("s3://bucket/", ("bucket", "")),
+])
+def test_split_s3_uri(uri, expected):
+    assert split_s3_uri(uri) == expected
+
+
+@pytest.mark.parametrize("uri", ["https://bucket/x", "s3:///key", "bucket/key"])
+def test_split_s3_uri_rejects_others(uri):
+    with pytest.raises(ValueError):
+        split_s3_uri(uri)
