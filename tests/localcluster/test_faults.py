@@ -1,8 +1,11 @@
 """Fault knobs of the local UltraCluster (docs/contracts.md), each with real daemons."""
 from __future__ import annotations
 
+import json
+import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +93,20 @@ def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home:
     assert_cluster_gone(cluster)
 
 
+def processes_in_uts_of(cluster, daemon: str) -> list[str]:
+    """Command lines of the processes in the UTS namespace of one of the cluster's daemons."""
+    daemons = json.loads((cluster.dir / "run" / "daemons.json").read_text())
+    uts = daemons[daemon]["uts_ns"]
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/uts").st_ino == uts:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
 def ssh_reachable(cluster) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1)
@@ -98,11 +115,16 @@ def ssh_reachable(cluster) -> bool:
 
 def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHome,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = uc_home.provision(spec_dict("ft-ssh", min_count=1, max_count=1, faults={"ssh_outage": [4, 10]}))
+    import airflow.providers.ssh.hooks.ssh  # noqa: F401  (slow first import; not inside the window)
+    cluster = uc_home.provision(spec_dict("ft-ssh", min_count=1, max_count=1, faults={"ssh_outage": [10, 8]}))
     hook = ssh_hook(cluster, monkeypatch, conn_retry_attempts=1)
     host_key_before = (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text()
 
+    # Something left running on the head node (like a detached job runner) outlives the outage.
+    run_over_ssh(hook, "nohup sleep 300 > /dev/null 2>&1 &")
+    hook.client = None
     wait_for(lambda: not ssh_reachable(cluster), 60, "sshd to go away", interval=0.2)
+    assert any("sleep 300" in p for p in processes_in_uts_of(cluster, "sshd"))
     with pytest.raises(Exception):
         hook.get_conn()
     wait_for(lambda: ssh_reachable(cluster), 60, "sshd to come back", interval=0.2)

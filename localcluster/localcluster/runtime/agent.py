@@ -14,7 +14,7 @@ from pathlib import Path
 from . import sshd
 from .nodes import kill_node_processes, read_daemons, read_node_state, start_slurmd, utc_now_iso
 from .paths import ClusterPaths
-from .procs import kill_pids, pid_alive
+from .procs import cmdline, kill_pids, pids_in_namespaces
 from .runtime_state import cluster_paths, find_node, load_runtime
 from .slurmcmd import expand_hostlist, set_node_state, slurm
 
@@ -97,10 +97,12 @@ class SshOutageFault:
     def step(self) -> None:
         now = time.time()
         if self.state == "before" and now >= self.down_at:
-            pid = read_daemons(self.paths).get("sshd", {}).get("pid")
-            if pid and pid_alive(pid):
-                kill_pids([pid])
-            log(f"ssh-outage: sshd {pid} stopped")
+            info = read_daemons(self.paths).get("sshd", {})
+            # The listener and every open session drop, as in a network outage; processes users left
+            # running on the head node (nohup) survive.
+            sshd_pids = [p for p in pids_in_namespaces({info.get("uts_ns") or 0}) if cmdline(p).startswith("sshd")]
+            stopped = kill_pids(sorted({*sshd_pids, *([info["pid"]] if info.get("pid") else [])}), grace=1.0)
+            log(f"ssh-outage: sshd {info.get('pid')} stopped with its sessions: {stopped}")
             self.state = "down"
         if self.state == "down" and now >= self.up_at:
             runtime = load_runtime(self.paths)

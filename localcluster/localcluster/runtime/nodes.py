@@ -157,7 +157,12 @@ def head_launch(paths: ClusterPaths, head_name: str, daemon: str, argv: list[str
 def record_daemon(paths: ClusterPaths, daemon: str, launched: Launched) -> None:
     daemons_file = paths.run / "daemons.json"
     daemons = read_daemons(paths)
-    daemons[daemon] = {"pid": launched.pid, "uts_ns": launched.uts_ns}
+    previous = daemons.get(daemon, {})
+    # Namespaces of earlier incarnations (sshd after an outage) stay listed so teardown sweeps them too.
+    retired = previous.get("retired_uts_ns", [])
+    if previous.get("uts_ns") and previous["uts_ns"] != launched.uts_ns:
+        retired = [*retired, previous["uts_ns"]]
+    daemons[daemon] = {"pid": launched.pid, "uts_ns": launched.uts_ns, "retired_uts_ns": retired}
     daemons_file.write_text(json.dumps(daemons))
 
 def read_daemons(paths: ClusterPaths) -> dict[str, dict]:

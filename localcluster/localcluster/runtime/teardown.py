@@ -48,8 +48,7 @@ def stop_cluster_processes(paths: ClusterPaths) -> list[str]:
         info = daemons.get(name)
         if not info:
             continue
-        if info.get("uts_ns"):
-            namespaces.add(info["uts_ns"])
+        namespaces.update(ns for ns in [info.get("uts_ns"), *info.get("retired_uts_ns", [])] if ns)
         # Kill by PID, but only if that PID is still ours (PIDs get reused).
         pid = info["pid"]
         if pid_alive(pid) and (str(paths.root) in cmdline(pid)
