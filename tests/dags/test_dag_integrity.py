@@ -77,7 +77,21 @@ def test_teardowns_are_wired_to_their_setups(dag):
     assert "pcluster_create" in delete_cluster.upstream_task_ids
     assert {"create_vpc", "delete_cluster"} <= delete_vpc.upstream_task_ids  # cluster goes before its network
     assert delete_cluster.trigger_rule == delete_vpc.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
-    assert delete_cluster.on_failure_fail_dagrun and delete_vpc.on_failure_fail_dagrun
+    assert delete_vpc.on_failure_fail_dagrun and not delete_cluster.on_failure_fail_dagrun
+
+
+def test_run_state_follows_the_work_and_the_network_teardown(dag):
+    """Airflow judges a run by its effective leaves: a failed train must fail the run even though the
+    teardowns succeed afterwards (on_failure_fail_dagrun on delete_cluster would hide it)."""
+    from airflow.models.dagrun import DagRun
+
+    class TaskInstanceStub:  # hashable: the method builds a set
+        def __init__(self, task_id):
+            self.task_id, self.state = task_id, None
+
+    tis = [TaskInstanceStub(task_id) for task_id in TASK_IDS]
+    leaves = DagRun._tis_for_dagrun_state(None, dag=dag, tis=tis)
+    assert {ti.task_id for ti in leaves} == {"collect_results", "delete_vpc"}
 
 
 def test_schedule_and_run_limits(dag):
