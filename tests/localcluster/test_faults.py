@@ -132,7 +132,7 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     hook.client = None
     wait_for(lambda: not ssh_reachable(cluster), 60, "sshd to go away", interval=0.2)
     assert any("sleep 300" in p for p in processes_in_uts_of(cluster, "sshd"))
-    with pytest.raises(Exception):
+    with pytest.raises(OSError):   # paramiko NoValidConnectionsError: connection refused
         hook.get_conn()
     wait_for(lambda: ssh_reachable(cluster), 60, "sshd to come back", interval=0.2)
 

@@ -219,7 +219,8 @@ def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatc
     # What the training script does for MASTER_ADDR, plus the shared /fsx seen from every node.
     script = ("MASTER=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1); getent hosts $MASTER; "
               "srun bash -c 'echo $(hostname) > /fsx/seen-$(hostname)'")
-    job_id = sbatch_job_id(run_over_ssh(hook, f"cd ~ && sbatch --nodes 2 --output ~/resolve.out --wrap {shlex.quote(script)}"))
+    submit = f"cd ~ && sbatch --nodes 2 --output ~/resolve.out --wrap {shlex.quote(script)}"
+    job_id = sbatch_job_id(run_over_ssh(hook, submit))
     cluster.wait_job_state(job_id, {"COMPLETED"})
     resolved = run_over_ssh(hook, "cat ~/resolve.out").split()
     assert resolved == [cluster.runtime["nodes"][0]["ip"], nodes[0]]
@@ -282,7 +283,7 @@ def test_three_clusters_at_once_are_isolated(uc_home: UcHome) -> None:
                               env=uc_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in names]
     clusters = []
-    for name, proc in zip(names, procs):
+    for name, proc in zip(names, procs, strict=True):
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         clusters.append(Cluster(home=uc_home, dir=uc_home.path / "clusters" / name, runtime=json.loads(out)))
@@ -295,7 +296,7 @@ def test_three_clusters_at_once_are_isolated(uc_home: UcHome) -> None:
     assert len(keys) == 3
 
     job_ids = [sbatch_job_id(c.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname")) for c in clusters]
-    for cluster, job_id in zip(clusters, job_ids):
+    for cluster, job_id in zip(clusters, job_ids, strict=True):
         cluster.wait_job_state(job_id, {"COMPLETED"})
         assert cluster.job_field(job_id, "NodeList") == "compute1-st-trn1-1"
 
