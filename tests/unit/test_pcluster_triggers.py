@@ -155,7 +155,25 @@ def stack_trigger(waiter: str, **overrides) -> CloudFormationStackTrigger:
 
 
 def test_stack_trigger_serialize_round_trip():
-    round_trip(stack_trigger("stack_create_complete"))
+    rebuilt = round_trip(stack_trigger("stack_create_complete", owner_run_id=RUN_ID, delete_on_kill=True))
+    assert (rebuilt.owner_run_id, rebuilt.delete_on_kill) == (RUN_ID, True)
+
+
+def test_stack_on_kill_deletes_only_this_runs_stack(aws):
+    import boto3
+
+    cfn = boto3.client("cloudformation", region_name="us-east-1")
+    cfn.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE,
+                     Tags=[{"Key": "ultracluster:run-id", "Value": "manual__other"}])
+    asyncio.run(stack_trigger("stack_create_complete", owner_run_id=RUN_ID, delete_on_kill=True).on_kill())
+    assert cfn.describe_stacks(StackName="uc-vpc-test")["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+
+    cfn.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
+                     Tags=[{"Key": "ultracluster:run-id", "Value": RUN_ID}])
+    asyncio.run(stack_trigger("stack_create_complete", stack_name="uc-vpc-mine", owner_run_id=RUN_ID,
+                              delete_on_kill=True).on_kill())
+    stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == "uc-vpc-mine"][0]
+    assert cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
 
 
 def test_stack_create_wait_succeeds(aws):

@@ -147,6 +147,8 @@ class CreateVpcStackOperator(BaseOperator):
                         region_name=hook.region_name,
                         waiter_delay=self.waiter_delay,
                         waiter_max_attempts=self.waiter_max_attempts,
+                        owner_run_id=run_id,
+                        delete_on_kill=True,
                     ),
                     method_name="execute_complete",
                 )

@@ -162,6 +162,8 @@ class CloudFormationStackTrigger(BaseTrigger):
     provider's ``async_wait``: a terminal-failure WaiterError ends the wait, "Max attempts" retries.
 
     :param waiter_name: ``stack_create_complete`` or ``stack_delete_complete``.
+    :param owner_run_id: with ``delete_on_kill``, killing the waiting task deletes the stack, but only
+        if its ``ultracluster:run-id`` tag is this run (a failed setup gets no teardown).
     """
 
     def __init__(
@@ -173,6 +175,8 @@ class CloudFormationStackTrigger(BaseTrigger):
         region_name: str | None = None,
         waiter_delay: float = 15,
         waiter_max_attempts: int = 240,
+        owner_run_id: str | None = None,
+        delete_on_kill: bool = False,
     ) -> None:
         super().__init__()
         self.stack_name = stack_name
@@ -181,6 +185,8 @@ class CloudFormationStackTrigger(BaseTrigger):
         self.region_name = region_name
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
+        self.owner_run_id = owner_run_id
+        self.delete_on_kill = delete_on_kill
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -192,8 +198,31 @@ class CloudFormationStackTrigger(BaseTrigger):
                 "region_name": self.region_name,
                 "waiter_delay": self.waiter_delay,
                 "waiter_max_attempts": self.waiter_max_attempts,
+                "owner_run_id": self.owner_run_id,
+                "delete_on_kill": self.delete_on_kill,
             },
         )
+
+    def _delete_if_owned(self) -> str:
+        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
+
+        from ultracluster.operators.vpc import RUN_ID_TAG
+
+        hook = CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
+        stacks = hook.get_conn().describe_stacks(StackName=self.stack_name)["Stacks"]
+        owner = {t["Key"]: t["Value"] for t in stacks[0].get("Tags") or []}.get(RUN_ID_TAG)
+        if owner != self.owner_run_id:
+            return f"stack {self.stack_name} belongs to run {owner!r}: left alone"
+        hook.delete_stack(self.stack_name)
+        return f"deletion of stack {self.stack_name} started"
+
+    async def on_kill(self) -> None:
+        if not (self.delete_on_kill and self.owner_run_id):
+            return
+        try:
+            self.log.info("on_kill: %s", await asyncio.to_thread(self._delete_if_owned))
+        except Exception as error:  # best effort: the stack stays visible in the console link
+            self.log.warning("on_kill: could not delete stack %s: %s", self.stack_name, error)
 
     def _check_once(self) -> tuple[str, str]:
         """One poll in a worker thread: ("success"|"failure"|"retry", detail)."""
