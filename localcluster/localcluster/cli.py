@@ -9,16 +9,19 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jmespath
 from botocore.exceptions import BotoCoreError, EndpointConnectionError
 
 from . import shapes, state, validate
 from .aws import Aws, region_from_env
+from .spec import ClusterSpec
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn
 
@@ -139,7 +142,7 @@ def create_cluster(args: argparse.Namespace) -> dict[str, Any]:
     return _start_creation(name, region, spec, config, kept, vpcs, aws, args.rollback_on_failure is not False)
 
 
-def _start_creation(name: str, region: str, spec: Any, config: dict[str, Any], kept: list[dict[str, str]],
+def _start_creation(name: str, region: str, spec: ClusterSpec, config: dict[str, Any], kept: list[dict[str, str]],
                     vpcs: dict[str, str], aws: Aws, rollback: bool) -> dict[str, Any]:
     now = shapes.iso_now()
     tags = [("parallelcluster:version", shapes.PCLUSTER_VERSION), ("parallelcluster:cluster-name", name)]
@@ -160,8 +163,7 @@ def _start_creation(name: str, region: str, spec: Any, config: dict[str, Any], k
         head_vpc = vpcs.get(config["HeadNode"]["Networking"]["SubnetId"])
         arn = aws.create_stack(name, head_vpc, tags, bucket, key)
     except BaseException:
-        import shutil
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)   # nothing half-made survives a failed create
         raise
     with state.update_state(name) as current:
         current.update(cloudformationStackArn=arn, configBucket=bucket, configKey=key)

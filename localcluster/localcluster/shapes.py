@@ -56,12 +56,12 @@ HEAD_NODE_KEYS = ("instanceId", "instanceType", "launchTime", "privateIpAddress"
 
 
 def iso_now() -> str:
-    return iso_time(dt.datetime.now(dt.timezone.utc))
+    return iso_time(dt.datetime.now(dt.UTC))
 
 
 def iso_time(moment: dt.datetime) -> str:
     """ISO 8601 UTC with milliseconds and a Z, like pcluster's to_iso_timestr."""
-    utc = moment.astimezone(dt.timezone.utc) if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    utc = moment.astimezone(dt.UTC) if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
     return utc.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 

@@ -1,7 +1,8 @@
 """Validated ParallelCluster config -> ClusterSpec, with the fault knobs of docs/contracts.md."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .shapes import FAILURE_REASONS, validation_error
 from .spec import ClusterSpec, ComputeResource, Faults, Queue

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import yaml
 from jsonschema import Draft202012Validator
@@ -258,7 +259,7 @@ def os_findings(config: dict[str, Any]) -> list[Finding]:
 
 
 def run_validators(cluster_name: str, config: dict[str, Any], aws: AwsLookups | None,
-                   extra: list[Callable[[], list[Finding]]] = ()) -> list[Finding]:
+                   extra: Sequence[Callable[[], list[Finding]]] = ()) -> list[Finding]:
     found: list[Finding] = []
     found += cluster_name_findings(cluster_name, config)
     found += queue_findings(config)

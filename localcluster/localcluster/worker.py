@@ -125,7 +125,7 @@ def _wait_for_create_worker(pid: int | None) -> None:
     deadline = time.monotonic() + CREATE_WORKER_EXIT_TIMEOUT_S
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    if pid_alive(pid):
+    if pid and pid_alive(pid):
         LOG.warning("create worker %s still running after %ss; killing its process group", pid,
                     CREATE_WORKER_EXIT_TIMEOUT_S)
         try:

@@ -16,9 +16,16 @@ from typing import Any
 
 import boto3
 import pytest
+import yaml
 
 from tests.fixtures_localcluster import (
-    REGION, TEST_SLOTS, cluster_config, free_port, processes_mentioning, run_admin, run_pcluster,
+    REGION,
+    TEST_SLOTS,
+    cluster_config,
+    free_port,
+    processes_mentioning,
+    run_admin,
+    run_pcluster,
     wait_for_status,
 )
 
@@ -146,7 +153,7 @@ def test_up_refuses_an_endpoint_off_loopback(own_home: tuple[Path, dict[str, str
 
 
 def test_up_no_moto_fails_when_nothing_answers(own_home: tuple[Path, dict[str, str], int]) -> None:
-    home, env, port = own_home
+    _, env, port = own_home
     done = run_admin(env, "up", "--no-moto")
     assert done.returncode == 1 and "--no-moto" in done.stderr
     assert not listening(port)
@@ -157,13 +164,10 @@ def test_down_tears_down_every_cluster(own_home: tuple[Path, dict[str, str], int
     assert run_admin(env, "up").returncode == 0
     vpc = ec2(env).create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2(env).create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24")["Subnet"]["SubnetId"]
-    configs = {}
     for name, tags, static in (("waiting", {"local-ultracluster:provisioning-delay": "600"}, 0),
                                ("running", {}, 1)):
         path = home / f"{name}.yaml"
-        import yaml
         path.write_text(yaml.safe_dump(cluster_config(subnet, static=static, dynamic=1, tags=tags)))
-        configs[name] = path
         code, out = run_pcluster(env, "create-cluster", "-n", name, "-c", str(path))
         assert code == 0, out
     running = wait_for_status(env, "running", {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)

@@ -17,7 +17,12 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.fixtures_localcluster import (
-    REGION, UcNetwork, processes_mentioning, run_pcluster, wait_for_status, wait_until_gone,
+    REGION,
+    UcNetwork,
+    processes_mentioning,
+    run_pcluster,
+    wait_for_status,
+    wait_until_gone,
 )
 
 pytestmark = pytest.mark.localcluster
@@ -212,6 +217,7 @@ def test_delete_during_create_in_progress(pcluster: Callable[..., tuple[int, Any
 
 def test_cli_argument_errors_like_pcluster(pcluster: Callable[..., tuple[int, Any]], uc_env: dict[str, str]) -> None:
     import subprocess
+
     from tests.fixtures_localcluster import PCLUSTER_BIN
     missing = subprocess.run([str(PCLUSTER_BIN), "describe-cluster"], env=uc_env, capture_output=True, text=True)
     assert missing.returncode == 2 and "-n/--cluster-name" in missing.stderr
@@ -271,6 +277,7 @@ def test_full_lifecycle_create_complete_fleet_delete(
 
 
 def wait_for_fleet(env: dict[str, str], name: str, wanted: str, timeout: float = 120) -> None:
+    """Poll describe-compute-fleet; on timeout the fleet worker's log says why."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -278,7 +285,9 @@ def wait_for_fleet(env: dict[str, str], name: str, wanted: str, timeout: float =
         if code == 0 and last["status"] == wanted:
             return
         time.sleep(0.5)
-    raise AssertionError(f"fleet of {name} never reached {wanted}: {last}")
+    log = Path(env["LOCAL_ULTRACLUSTER_HOME"]) / "clusters" / name / "worker-fleet.log"
+    tail = log.read_text()[-4000:] if log.exists() else "(no worker log)"
+    raise AssertionError(f"fleet of {name} never reached {wanted}: {last}\n{tail}")
 
 
 def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
