@@ -97,10 +97,10 @@ def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
     wait_until_gone(uc_env, name, timeout=120)  # then uc_home checks that nothing is left running
 
 
-def wait_for_fleet(cluster, num_nodes: int, queue: str | None = None) -> dict:
+def wait_for_fleet(cluster, num_nodes: int, partition: str | None = None) -> dict:
     from ultracluster.triggers.fleet import ComputeFleetTrigger
 
-    trigger = ComputeFleetTrigger(cluster_name=cluster.name, num_nodes=num_nodes, queue=queue,
+    trigger = ComputeFleetTrigger(cluster_name=cluster.name, num_nodes=num_nodes, partition=partition,
                                   pcluster_conn_id="pcluster_default", ssh_conn_id="ultracluster_head_node",
                                   ssh_port=int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")), poke_interval=1)
 
@@ -215,3 +215,92 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
             break
         time.sleep(1)
     assert status.state == "CANCELLED", status
+
+
+def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, name: str, tags: dict[str, str]):
+    config = make_cluster_config(static=2, dynamic=0, tags={"local-ultracluster:provisioning-delay": "1", **tags})
+    code, created = pcluster("create-cluster", "-n", name, "-c", str(config))
+    assert code == 0, created
+    described = wait_for_status(uc_env, name, {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)
+    assert described["clusterStatus"] == "CREATE_COMPLETE", described
+    cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
+        {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+    monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
+        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+         "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
+         "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
+    return SimpleNamespace(name=name, home=uc_home, env=uc_env)
+
+
+def test_trigger_rides_out_a_head_node_ssh_outage(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch,
+                                                  tmp_path, capsys):
+    import socket
+
+    from ultracluster.hooks.slurm import SlurmHook
+    from ultracluster.triggers.slurm import SlurmJobTrigger
+
+    cluster = make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, "outage",
+                           {"local-ultracluster:ssh-outage": "6:10"})
+    try:
+        event = wait_for_fleet(cluster, num_nodes=1)
+        assert event["status"] == "success", event
+        head = event["head_node"]
+        slurm = SlurmHook(head_node=head)
+        from ultracluster import remote_commands as rc
+
+        slurm.head_node_hook.check(rc.make_dirs("/fsx/jobs/outage"))
+        slurm.head_node_hook.check(rc.write_file("/fsx/jobs/outage/job.sh", "#!/bin/bash\nsleep 15\necho done\n"))
+        slurm.head_node_hook.check(rc.make_executable("/fsx/jobs/outage/job.sh"))
+        job_id = slurm.sbatch(job_dir="/fsx/jobs/outage", script_path="/fsx/jobs/outage/job.sh", num_nodes=1,
+                              job_name="uc.outage", comment="outage test", job_env={}, exclusive=False)
+        # Start watching only once sshd is really down, so the trigger must meet the outage.
+        port = int(os.environ.get("LOCAL_UC_SSH_PORT", "2222"))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                sock.settimeout(1)
+                if sock.connect_ex((head["address"], port)) != 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ssh-outage fault never stopped sshd")
+        trigger = SlurmJobTrigger(head_node=head, ssh_conn_id="ultracluster_head_node", job_id=job_id,
+                                  job_dir="/fsx/jobs/outage", log_path=f"/fsx/jobs/outage/slurm-{job_id}.out",
+                                  poll_interval=1, outage_timeout=120)
+
+        async def first():
+            async for item in trigger.run():
+                return item.payload
+
+        final = asyncio.run(asyncio.wait_for(first(), timeout=180))
+        assert final["status"] == "success" and final["state"] == "COMPLETED", final
+        assert "Head node unreachable" in capsys.readouterr().out
+    finally:
+        pcluster("delete-cluster", "-n", "outage")
+        wait_until_gone(uc_env, "outage", timeout=120)
+
+
+def test_node_failure_fails_the_task_with_node_fail(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch,
+                                                    tmp_path):
+    from airflow.providers.common.compat.sdk import AirflowException
+
+    from ultracluster.operators.slurm import SlurmJobOperator
+
+    cluster = make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, "nodekill",
+                           {"local-ultracluster:kill-node-after": "3"})
+    try:
+        event = wait_for_fleet(cluster, num_nodes=1)
+        assert event["status"] == "success", event
+        training = tmp_path / "training"
+        training.mkdir()
+        (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
+        op = SlurmJobOperator(task_id="train", head_node=event["head_node"], job_dir="/fsx/jobs/nodekill",
+                              num_nodes=1, job_env={"SCALING_MODE": "strong", "STEP_SLEEP": "60"},
+                              training_files_dir=str(training), deferrable=False, poll_interval=1)
+        with pytest.raises(AirflowException) as error:
+            op.execute(ctx("train", run_id="manual__nodekill"))
+        assert "NODE_FAIL" in str(error.value), str(error.value)
+    finally:
+        pcluster("delete-cluster", "-n", "nodekill")
+        wait_until_gone(uc_env, "nodekill", timeout=120)
