@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 from typing import Any
+from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
@@ -31,8 +32,20 @@ def region_from_env() -> str:
     return os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or DEFAULT_REGION
 
 
-def endpoint_url() -> str | None:
-    return os.environ.get("AWS_ENDPOINT_URL") or None
+DEFAULT_ENDPOINT = "http://127.0.0.1:5055"
+
+
+class NotLoopback(Exception):
+    """The endpoint would send traffic off this machine."""
+
+
+def endpoint_url() -> str:
+    """moto's URL; the local UltraCluster never talks to anything off loopback (127.0.0.0/8)."""
+    url = os.environ.get("AWS_ENDPOINT_URL") or DEFAULT_ENDPOINT
+    if not (urlparse(url).hostname or "").startswith("127."):
+        raise NotLoopback(f"AWS_ENDPOINT_URL={url} is not a loopback address: the local UltraCluster only "
+                          "talks to a moto server on 127.0.0.0/8")
+    return url
 
 
 class Aws:

@@ -20,7 +20,7 @@ import jmespath
 from botocore.exceptions import BotoCoreError, EndpointConnectionError
 
 from . import shapes, state, validate
-from .aws import Aws, region_from_env
+from .aws import Aws, NotLoopback, region_from_env
 from .spec import ClusterSpec
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn
@@ -339,6 +339,9 @@ def run(argv: list[str]) -> dict[str, Any]:
         sys.exit(1)
     if getattr(args, "region", None):
         os.environ["AWS_DEFAULT_REGION"] = args.region
+    # moto accepts any credentials; without these botocore would stop with NoCredentialsError.
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     result = args.func(args)
     return jmespath.search(args.query, result) if args.query else result
 
@@ -351,6 +354,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except validate.ConfigRejected as rejected:
         print(json.dumps(rejected.payload, indent=2))
+        sys.exit(1)
+    except NotLoopback as error:
+        print(json.dumps({"message": str(error)}, indent=2))
         sys.exit(1)
     except (EndpointConnectionError, BotoCoreError) as error:
         print(json.dumps({"message": f"Unable to reach the AWS endpoint "

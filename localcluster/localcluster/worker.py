@@ -189,8 +189,11 @@ def fleet(cluster_dir: Path, requested: str) -> int:
     except Exception:
         LOG.error("set_compute_fleet failed:\n%s", traceback.format_exc())
         final = "UNKNOWN"
-    with state.update_state(name, home) as current:
-        current.update(computeFleetStatus=final, fleetRequestPending=False, lastStatusUpdatedTime=iso_now())
+    try:
+        with state.update_state(name, home) as current:
+            current.update(computeFleetStatus=final, fleetRequestPending=False, lastStatusUpdatedTime=iso_now())
+    except state.ClusterNotFound:
+        return 0   # deleted meanwhile
     return 0 if final != "UNKNOWN" else 1
 
 

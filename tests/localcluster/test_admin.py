@@ -10,6 +10,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,26 @@ def test_down_tears_down_every_cluster(own_home: tuple[Path, dict[str, str], int
     with socket.socket() as sock:
         sock.settimeout(0.5)
         assert sock.connect_ex((head_ip, 2222)) != 0
+
+
+def test_reap_deletes_a_cluster_whose_worker_died(uc_env: dict[str, str], uc_home: Path,
+                                                  make_cluster_config: Any) -> None:
+    code, out = run_pcluster(uc_env, "create-cluster", "-n", "orphan", "-c",
+                             str(make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600"})))
+    assert code == 0, out
+    worker = json.loads((uc_home / "clusters" / "orphan" / "cluster.json").read_text())["createWorkerPid"]
+    untouched = run_admin(uc_env, "reap")
+    assert untouched.returncode == 0 and "orphan" not in untouched.stdout   # its worker is alive
+    os.kill(worker, 9)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{worker}/cmdline").exists() and Path(f"/proc/{worker}/cmdline").read_bytes() and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    reaped = run_admin(uc_env, "reap")
+    assert reaped.returncode == 0, reaped.stderr
+    assert "reaped orphan (CREATE_IN_PROGRESS, worker gone)" in reaped.stdout
+    assert run_pcluster(uc_env, "describe-cluster", "-n", "orphan")[0] == 1
+    cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=uc_env["AWS_ENDPOINT_URL"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    stacks = cfn.list_stacks()["StackSummaries"]
+    assert all(s["StackStatus"] == "DELETE_COMPLETE" for s in stacks if s["StackName"] == "orphan")

@@ -325,3 +325,11 @@ def test_fail_create_from_the_environment(make_cluster_config: Callable[..., Pat
     failed = wait_for_status(uc_env, "envfail", {"CREATE_FAILED", "CREATE_COMPLETE"})
     assert failed["failures"] == [{"failureCode": "FsxMountFailure", "failureReason": "Failed to mount FSX."}]
     delete_and_wait(uc_env, uc_home, "envfail")
+
+
+def test_an_endpoint_off_loopback_is_refused(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
+                                             uc_home: Path) -> None:
+    env = {**uc_env, "AWS_ENDPOINT_URL": "http://192.0.2.1:5055"}   # checked before any connection is made
+    code, out = run_pcluster(env, "create-cluster", "-n", "offsite", "-c", str(make_cluster_config()))
+    assert code == 1 and "not a loopback address" in out["message"]
+    assert not (uc_home / "clusters" / "offsite").exists()
