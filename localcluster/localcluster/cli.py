@@ -76,13 +76,17 @@ def _region(explicit: str | None, config_region: str | None = None) -> str:
     return region
 
 
-def _read_state(name: str) -> dict[str, Any] | None:
+def _read_state(name: str, any_region: bool = False) -> dict[str, Any] | None:
+    """The cluster's state, or None; like pcluster, a cluster exists only in its own region."""
     # Under the lock: a delete worker briefly removes and rewrites the cluster dir.
     with state.cluster_lock(name):
         try:
-            return state.read_state(name)
+            current = state.read_state(name)
         except state.ClusterNotFound:
             return None
+    if not any_region and current["region"] != region_from_env():
+        return None
+    return current
 
 
 def _require_state(name: str, suffix: str = "") -> dict[str, Any]:
@@ -130,7 +134,8 @@ def create_cluster(args: argparse.Namespace) -> dict[str, Any]:
     region = _region(args.region, config.get("Region") if isinstance(config.get("Region"), str) else None)
     aws = Aws(region)
     name: str = args.cluster_name
-    if _read_state(name) is not None or aws.stack_exists(name):
+    # Cluster dirs are keyed by name alone, so a name is taken in every region here.
+    if _read_state(name, any_region=True) is not None or aws.stack_exists(name):
         raise Failure(f"Bad Request: Cluster {name} already exists.")
     validate.check_structure(config)
     vpcs = validate.check_lookups(config, aws)
@@ -203,7 +208,9 @@ def delete_cluster(args: argparse.Namespace) -> dict[str, Any]:
         try:
             current = state.read_state(name)
         except state.ClusterNotFound:
-            raise Failure(shapes.not_found_message(name, shapes.DELETE_NOT_FOUND_SUFFIX)) from None
+            current = None
+        if current is None or current["region"] != region_from_env():
+            raise Failure(shapes.not_found_message(name, shapes.DELETE_NOT_FOUND_SUFFIX))
         already = current["cloudFormationStackStatus"] == "DELETE_IN_PROGRESS"
         if not already:
             current.update(cloudFormationStackStatus="DELETE_IN_PROGRESS", deleteRequested=True,

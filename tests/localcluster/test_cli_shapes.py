@@ -333,3 +333,15 @@ def test_an_endpoint_off_loopback_is_refused(make_cluster_config: Callable[..., 
     code, out = run_pcluster(env, "create-cluster", "-n", "offsite", "-c", str(make_cluster_config()))
     assert code == 1 and "not a loopback address" in out["message"]
     assert not (uc_home / "clusters" / "offsite").exists()
+
+
+def test_a_cluster_exists_only_in_its_region(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
+                                            uc_home: Path) -> None:
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600"})
+    assert run_pcluster(uc_env, "create-cluster", "-n", "regional", "-c", str(config))[0] == 0
+    elsewhere = ("-r", "us-west-2")
+    assert run_pcluster(uc_env, "describe-cluster", "-n", "regional", *elsewhere)[0] == 1
+    assert run_pcluster(uc_env, "list-clusters", *elsewhere) == (0, {"clusters": []})
+    assert run_pcluster(uc_env, "delete-cluster", "-n", "regional", *elsewhere)[0] == 1
+    assert run_pcluster(uc_env, "describe-cluster", "-n", "regional", "-r", REGION)[0] == 0
+    delete_and_wait(uc_env, uc_home, "regional")
