@@ -182,6 +182,26 @@ class Runtime:
             dist.destroy_process_group()
 
 
+class LauncherWatch:
+    """Stops a worker whose torchrun died (killed job, lost node).
+
+    torchrun starts workers in sessions of their own, so killing the launcher's process group
+    leaves them running; an orphan would keep training and race the retried job's checkpoints.
+    """
+
+    def __init__(self):
+        under_launcher = "TORCHELASTIC_RUN_ID" in os.environ
+        self.launcher_pid = os.getppid() if under_launcher else None
+
+    def check(self):
+        if self.launcher_pid is not None and os.getppid() != self.launcher_pid:
+            try:
+                log(f"launcher (pid {self.launcher_pid}) is gone: stopping this worker")
+            except OSError:  # the log pipe may have died with the launcher
+                pass
+            os._exit(1)
+
+
 def default_num_threads(runtime: Runtime) -> int:
     # Processes of one node split its CPUs; Slurm knows how many the node has.
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", 0)) or os.cpu_count() or 1
@@ -568,12 +588,14 @@ def train(args, runtime: Runtime) -> int:
     loop_start = interval_start = time.perf_counter()
     interval_steps = 0
     first_step_seconds = None
+    launcher = LauncherWatch()
     try:
         while step < end_step:
             step_start = time.perf_counter()
             step_loss = torch.zeros((), device=runtime.device)
             files_done = 0
             for micro in range(args.grad_accum_usteps):
+                launcher.check()
                 batch, files_done = prefetcher.next()
                 sequences_seen += batch["input_ids"].shape[0]
                 batch = {k: v.to(runtime.device, non_blocking=True) for k, v in batch.items()}

@@ -131,7 +131,11 @@ def test_killed_job_resumes_from_checkpoint_without_repeating_steps(training_pyt
     while not any(p.step >= 22 for p in progress_lines(first.output(0))):
         assert time.monotonic() < deadline and all(p.poll() is None for p in first.processes), first.output(0)
         time.sleep(0.2)
-    first.kill()  # like Slurm killing the job's processes on every node
+    first.kill()  # the launchers die, as when a job is killed or its node lost
+    # The workers notice their torchrun is gone and stop: nothing races the resubmitted job.
+    deadline = time.monotonic() + 60
+    while processes_mentioning(str(tmp_path / "output_621")) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert processes_mentioning(str(tmp_path / "output_621")) == []
     killed_at = max(p.step for p in progress_lines(first.output(0)))
     saved = sorted(int(p.stem.split("_")[1]) for p in checkpoints.glob("ckpt_*.pt"))
