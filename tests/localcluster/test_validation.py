@@ -172,7 +172,8 @@ def test_cluster_name_too_long(make_cluster_config: Callable[..., Path], uc_env:
 
 
 def test_bad_fault_tag(make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
-    code, out = create(uc_env, make_cluster_config(tags={"local-ultracluster:fail-create": "Oops"}))
+    config = make_cluster_config(tags={"local-ultracluster:fail-create": "Oops"})
+    code, out = create(uc_env, config, NAME, "--suppress-validators", "ALL")   # cannot be suppressed
     assert code == 1
     [error] = out["configurationValidationErrors"]
     assert (error["level"], error["type"]) == ("ERROR", "LocalUltraClusterFaultValidator")
