@@ -9,12 +9,8 @@ import io
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tarfile
-import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,38 +20,22 @@ import ultracluster.hooks.head_node as head_node_module
 from ultracluster.hooks.head_node import CommandResult
 from ultracluster.operators.dataset import DownloadDatasetOperator, marker_matches, parse_s3_uri
 
-MOTO_SERVER = Path(__file__).resolve().parents[2] / ".venvs" / "localcluster" / "bin" / "moto_server"
 KEY = "training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
 URI = f"s3://neuron-s3/{KEY}"
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
 
 
-def free_port(low: int, high: int) -> int:
-    for port in range(low, high):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
+@pytest.fixture
+def moto_endpoint(moto_server):
+    """The shared session moto server (tests/fixtures_localcluster.py: the localcluster venv's moto_server)."""
+    return moto_server
 
 
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    if not MOTO_SERVER.exists():
-        pytest.skip("moto_server (localcluster venv) not installed")
-    port = free_port(47160, 47200)
-    process = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=10)
+def empty_bucket(client, bucket: str) -> None:
+    if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+        client.create_bucket(Bucket=bucket)
+    for item in client.list_objects_v2(Bucket=bucket).get("Contents", []):
+        client.delete_object(Bucket=bucket, Key=item["Key"])
 
 
 @pytest.fixture
@@ -68,10 +48,7 @@ def aws_conn(moto_endpoint, monkeypatch):
     }))
     client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
-    client.create_bucket(Bucket="neuron-s3")
+    empty_bucket(client, "neuron-s3")  # the session's moto server is shared: no global reset
     return client
 
 

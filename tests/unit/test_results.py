@@ -11,7 +11,7 @@ from airflow.providers.common.compat.sdk import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
 from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table
-from tests.unit.test_dataset import LocalShellHeadNode, moto_endpoint  # noqa: F401  (fixture)
+from tests.unit.test_dataset import LocalShellHeadNode, empty_bucket
 
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
 
@@ -88,19 +88,17 @@ def test_summary_table_is_readable():
 
 
 @pytest.fixture
-def artifacts(moto_endpoint, monkeypatch):  # noqa: F811
-    import urllib.request
-
+def artifacts(moto_server, monkeypatch):
+    moto_endpoint = moto_server
     import boto3
 
     monkeypatch.setenv("AIRFLOW_CONN_UC_TEST_AWS", json.dumps({
         "conn_type": "aws", "login": "testing", "password": "testing",
         "extra": {"endpoint_url": moto_endpoint, "region_name": "us-east-1"},
     }))
-    urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
     client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    client.create_bucket(Bucket="ultracluster-artifacts")
+    empty_bucket(client, "ultracluster-artifacts")  # the session's moto server is shared: no global reset
     return client
 
 

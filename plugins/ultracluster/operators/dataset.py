@@ -93,7 +93,8 @@ class DownloadDatasetOperator(BaseOperator):
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         expected_min_files: int | str = 1,
         file_pattern: str = "*_training_*.hdf5",
-        presigned_url_expiry: int = 3600,
+        presigned_url_expiry: int = 6 * 3600,
+        transfer_timeout: float = 6 * 3600,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,6 +106,8 @@ class DownloadDatasetOperator(BaseOperator):
         self.expected_min_files = expected_min_files
         self.file_pattern = file_pattern
         self.presigned_url_expiry = presigned_url_expiry
+        # The silent curl/tar/sha256sum of a multi-GB dataset prints nothing for a long time.
+        self.transfer_timeout = transfer_timeout
 
     def _validate(self) -> tuple[str, str]:
         bucket, key = parse_s3_uri(self.dataset_s3_uri)
@@ -162,17 +165,17 @@ class DownloadDatasetOperator(BaseOperator):
             raise AirflowException(f"Could not presign {self.dataset_s3_uri}")
         self.log.info("Downloading %s (%d bytes) to %s on the head node", self.dataset_s3_uri, size, tar_path)
         head_node.check(remote_commands.remove_files(marker_path))
-        head_node.check(remote_commands.download_to_file(url, tar_path))
+        head_node.check(remote_commands.download_to_file(url, tar_path), timeout=self.transfer_timeout)
         self._verify_tar(head_node, s3, bucket, key, tar_path, size)
 
-        head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir))
+        head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir), timeout=self.transfer_timeout)
         directory, count = self._dataset_dir(head_node, key)
         if count < self.expected_min_files:
             raise AirflowException(
                 f"Dataset unpacked into {self.data_dir} holds {count} file(s) matching {self.file_pattern}, "
                 f"expected at least {self.expected_min_files}"
             )
-        manifest = head_node.run(remote_commands.verify_checksum_manifest(directory))
+        manifest = head_node.run(remote_commands.verify_checksum_manifest(directory), timeout=self.transfer_timeout)
         if not manifest.ok:
             raise AirflowException(
                 f"Checksum manifest check failed in {directory}: {(manifest.stdout + manifest.stderr).strip()[-2000:]}"
@@ -195,7 +198,7 @@ class DownloadDatasetOperator(BaseOperator):
             raise AirflowException(f"Downloaded {tar_path} is {got} bytes, S3 says {size}")
         if s3.check_for_key(f"{key}.sha256", bucket_name=bucket):
             expected = s3.read_key(f"{key}.sha256", bucket_name=bucket).split()[0].lower()
-            actual = head_node.check(remote_commands.sha256_of(tar_path)).stdout.split()[0].lower()
+            actual = head_node.check(remote_commands.sha256_of(tar_path), timeout=self.transfer_timeout).stdout.split()[0].lower()
             if actual != expected:
                 raise AirflowException(f"SHA-256 of {tar_path} is {actual}, {key}.sha256 says {expected}")
             self.log.info("SHA-256 of the tar matches %s.sha256", key)

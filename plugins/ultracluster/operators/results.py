@@ -175,7 +175,8 @@ class CollectResultsOperator(BaseOperator):
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         num_nodes: int | str | None = None,
         scaling_mode: str | None = None,
-        presigned_url_expiry: int = 3600,
+        presigned_url_expiry: int = 6 * 3600,
+        transfer_timeout: float = 6 * 3600,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -187,6 +188,8 @@ class CollectResultsOperator(BaseOperator):
         self.num_nodes = num_nodes
         self.scaling_mode = scaling_mode
         self.presigned_url_expiry = presigned_url_expiry
+        # A silent curl uploading a multi-GB checkpoint prints nothing for a long time.
+        self.transfer_timeout = transfer_timeout
 
     def _destination(self, context: Context) -> tuple[str, str]:
         match = _S3_PREFIX.match(self.artifacts_s3_uri or "")
@@ -252,7 +255,7 @@ class CollectResultsOperator(BaseOperator):
                 if not url:
                     raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
                 signed.append((local, url))
-            head_node.check(remote_commands.upload_files(signed))
+            head_node.check(remote_commands.upload_files(signed), timeout=self.transfer_timeout)
         missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
         if missing:
             raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
