@@ -227,3 +227,18 @@ def test_existing_cluster_name_is_refused(make_cluster_config: Callable[..., Pat
     assert stack_after == stack_before
     code, _ = run_pcluster(uc_env, "delete-cluster", "-n", "taken")
     assert code == 0
+
+
+def test_warnings_come_back_as_validation_messages_or_fail_at_warning_level(
+        make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
+    # pcluster 3.16.1 rejects the blog-era ubuntu2004 (recorded); here it is a WARNING so old configs run.
+    assert recorded_errors("validation_os_ubuntu2004")[0]["type"] == "ConfigSchemaValidator"
+    config = make_cluster_config(lambda c: c["Image"].update(Os="ubuntu2004"))
+    code, out = create(uc_env, config, NAME, "--dryrun", "true")
+    assert code == 1 and out["message"] == "Request would have succeeded, but DryRun flag is set."
+    [warning] = out["validationMessages"]
+    assert (warning["level"], warning["type"]) == ("WARNING", "LocalUltraClusterOsValidator")
+    code, out = create(uc_env, config, NAME, "--validation-failure-level", "WARNING")
+    assert (code, out["message"]) == (1, "Invalid cluster configuration.")
+    assert out["configurationValidationErrors"] == [warning]
+    assert_nothing_created(uc_env, uc_home)
