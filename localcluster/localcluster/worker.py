@@ -185,7 +185,9 @@ def fleet(cluster_dir: Path, requested: str) -> int:
     name, home = _names(cluster_dir)
     from .runtime import set_compute_fleet
     try:
-        final = set_compute_fleet(cluster_dir, requested)
+        # One fleet change at a time per cluster: a START sent during a STOP waits for it.
+        with state.cluster_lock(f"{name}.fleet", home):
+            final = set_compute_fleet(cluster_dir, requested)
     except Exception:
         LOG.error("set_compute_fleet failed:\n%s", traceback.format_exc())
         final = "UNKNOWN"
