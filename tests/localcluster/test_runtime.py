@@ -403,3 +403,23 @@ def test_one_partition_per_queue_first_is_default_and_every_mount_dir_is_shared(
     assert (Path(shared["/scratch"]) / "seen").exists()
     cluster.teardown()
     assert_cluster_gone(cluster)
+
+
+def test_failed_provision_cleans_up_what_it_started(uc_home: UcHome) -> None:
+    spec = spec_dict("rt-broken", min_count=1, max_count=1)
+    spec["key_name"] = "no-such-key"   # sshd is the last step: everything before it already runs
+    cluster_dir = uc_home.path / "clusters" / spec["name"]
+    cluster_dir.mkdir(parents=True)
+    (cluster_dir / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime", "provision",
+                           str(cluster_dir / "spec.json"), str(cluster_dir)],
+                          env=uc_home.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "no-such-key" in json.loads(done.stderr)["message"]
+    assert processes_mentioning(str(cluster_dir)) == []
+    assert list((uc_home.path / "slots").glob("*.json")) == []
+    assert (cluster_dir / "log" / "slurmctld.log").exists()   # logs stay for the CLI to report
+    partial = Cluster(home=uc_home, dir=cluster_dir, runtime=json.loads((cluster_dir / "runtime.json").read_text()))
+    assert [p for p in partial.ports() if listening("127.0.0.1", p)] == []
+    partial.teardown()
+    assert not cluster_dir.exists()
