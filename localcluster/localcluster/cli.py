@@ -264,8 +264,10 @@ def update_compute_fleet(args: argparse.Namespace) -> dict[str, Any]:
                       "updated.")
     now = shapes.iso_now()
     with state.update_state(name) as latest:
-        latest.update(computeFleetStatus=args.status, fleetRequestPending=True, lastStatusUpdatedTime=now)
-        latest["fleetWorkerPid"] = spawn("fleet", state.cluster_dir(name), args.status)
+        request_id = latest.get("fleetRequestId", 0) + 1
+        latest.update(computeFleetStatus=args.status, fleetRequestPending=True, lastStatusUpdatedTime=now,
+                      fleetRequestId=request_id)
+        latest["fleetWorkerPid"] = spawn("fleet", state.cluster_dir(name), args.status, str(request_id))
     return {"status": args.status, "lastStatusUpdatedTime": now}
 
 

@@ -2,7 +2,7 @@
 
     python -m localcluster.worker create <cluster_dir>
     python -m localcluster.worker delete <cluster_dir>
-    python -m localcluster.worker fleet  <cluster_dir> START_REQUESTED|STOP_REQUESTED
+    python -m localcluster.worker fleet  <cluster_dir> START_REQUESTED|STOP_REQUESTED <request id>
 
 create and delete coordinate through cluster.json: delete-cluster sets deleteRequested, the create
 worker checks it between steps and stops; the delete worker waits for the create worker to exit
@@ -181,7 +181,7 @@ def _rewrite_state(cluster_dir: Path, saved: dict, stack_status: str) -> None:
     state.write_json_atomic(cluster_dir / "cluster.json", saved)
 
 
-def fleet(cluster_dir: Path, requested: str) -> int:
+def fleet(cluster_dir: Path, requested: str, request_id: int) -> int:
     name, home = _names(cluster_dir)
     from .runtime import set_compute_fleet
     try:
@@ -193,7 +193,9 @@ def fleet(cluster_dir: Path, requested: str) -> int:
         final = "UNKNOWN"
     try:
         with state.update_state(name, home) as current:
-            current.update(computeFleetStatus=final, fleetRequestPending=False, lastStatusUpdatedTime=iso_now())
+            if current.get("fleetRequestId", 0) == request_id:   # else a newer request is still pending
+                current.update(computeFleetStatus=final, fleetRequestPending=False,
+                               lastStatusUpdatedTime=iso_now())
     except state.ClusterNotFound:
         return 0   # deleted meanwhile
     return 0 if final != "UNKNOWN" else 1
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "delete":
         return delete(cluster_dir)
     if command == "fleet":
-        return fleet(cluster_dir, args[2])
+        return fleet(cluster_dir, args[2], int(args[3]))
     raise SystemExit(f"unknown worker command {command!r}")
 
 

@@ -101,11 +101,15 @@ def delete_and_wait(env: dict[str, str], home: Path, name: str) -> None:
                                "major version."}
     assert not (home / "clusters" / name).exists()
     assert stack_gone(env, name)
-    # The delete worker exits right after removing the state.
-    deadline = time.monotonic() + 30
-    while processes_mentioning(str(home / "clusters" / name)) and time.monotonic() < deadline:
+    assert processes_after_exit(str(home / "clusters" / name)) == []
+
+
+def processes_after_exit(text: str, timeout: float = 30) -> list[str]:
+    """Processes mentioning text once workers had time to exit (they exit right after writing state)."""
+    deadline = time.monotonic() + timeout
+    while processes_mentioning(text) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert processes_mentioning(str(home / "clusters" / name)) == []
+    return processes_mentioning(text)
 
 
 def test_version(pcluster: Callable[..., tuple[int, Any]]) -> None:
@@ -271,6 +275,11 @@ def test_full_lifecycle_create_complete_fleet_delete(
     code, start = pcluster("update-compute-fleet", "-n", "lifecycle", "--status", "START_REQUESTED")
     assert (code, start["status"]) == (0, "START_REQUESTED")
     wait_for_fleet(uc_env, "lifecycle", "RUNNING")
+    # Back to back: the START waits for the STOP; the last request wins.
+    assert pcluster("update-compute-fleet", "-n", "lifecycle", "--status", "STOP_REQUESTED")[0] == 0
+    assert pcluster("update-compute-fleet", "-n", "lifecycle", "--status", "START_REQUESTED")[0] == 0
+    wait_for_fleet(uc_env, "lifecycle", "RUNNING")
+    assert processes_after_exit("localcluster.worker fleet " + str(uc_home)) == []
 
     delete_and_wait(uc_env, uc_home, "lifecycle")
     assert not (uc_home / "slots").exists() or not list((uc_home / "slots").glob("*.json"))
