@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 import urllib.request
 from collections.abc import Callable
@@ -183,16 +184,22 @@ def test_not_found_messages_match_pcluster(pcluster: Callable[..., tuple[int, An
 def test_fail_create_fault_after_a_provisioning_window(
         rollback: str | None, stack_status: str, pcluster: Callable[..., tuple[int, Any]],
         make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
-    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "3",
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "5",
                                        "local-ultracluster:fail-create": "OnNodeConfiguredExecutionFailure"})
     extra = ["--rollback-on-failure", rollback] if rollback else []
     code, created = pcluster("create-cluster", "-n", "doomed", "-c", str(config), *extra)
     assert code == 0, created
-    # The window: CREATE_IN_PROGRESS while the create worker runs.
-    code, early = pcluster("describe-cluster", "-n", "doomed")
-    assert early["clusterStatus"] == "CREATE_IN_PROGRESS"
-    assert "failures" not in early
-    assert processes_mentioning("localcluster.worker create")
+    # The window: CREATE_IN_PROGRESS while the create worker waits. The worker is paused so a slow
+    # machine cannot close the window before we look.
+    worker = json.loads((uc_home / "clusters" / "doomed" / "cluster.json").read_text())["createWorkerPid"]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        assert processes_mentioning(f"localcluster.worker create {uc_home}/clusters/doomed")
+        code, early = pcluster("describe-cluster", "-n", "doomed")
+        assert early["clusterStatus"] == "CREATE_IN_PROGRESS", early
+        assert "failures" not in early
+    finally:
+        os.kill(worker, signal.SIGCONT)
 
     failed = wait_for_status(uc_env, "doomed", {"CREATE_FAILED", "CREATE_COMPLETE"})
     assert_same_shape(failed, recorded("describe_cluster_failed"))
