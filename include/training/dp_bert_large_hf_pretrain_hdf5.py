@@ -579,7 +579,8 @@ def train(args, runtime: Runtime) -> int:
             f"bf16={use_bf16} torch_compile={use_torch_compile}")
 
     loss_metrics, throughput_metrics = [], []
-    metrics_every = max(args.log_every, (end_step - start_step) // 200 or 1)
+    # About 200 Loss/Throughput points per run, taken at logged steps.
+    metrics_every = args.log_every * max(1, math.ceil((end_step - start_step) / 200 / args.log_every))
     peak_throughput = 0.0
     last_loss = None
     sequences_seen = 0  # rows this rank really trained on

@@ -33,6 +33,9 @@ node_count="${SLURM_NTASKS:-1}"
 node_rank="${SLURM_NODEID:-0}"
 job_id="${SLURM_JOB_ID:-manual-$(date +%Y%m%d%H%M%S)}"
 require_positive_int SLURM_NTASKS "$node_count"
+# One task per node: torchrun starts the workers of a node, not srun.
+[[ -z "${SLURM_NNODES:-}" || "$SLURM_NNODES" == "$node_count" ]] \
+    || fail "expected one task per node, got SLURM_NTASKS=$node_count on SLURM_NNODES=$SLURM_NNODES nodes"
 [[ "$node_rank" =~ ^[0-9]+$ && "$node_rank" -lt "$node_count" ]] \
     || fail "SLURM_NODEID '$node_rank' is not in [0, $node_count)"
 

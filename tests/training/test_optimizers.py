@@ -1,4 +1,4 @@
-"""LAMB and the learning-rate schedule of the training program, checked in the training venv."""
+"""LAMB, the learning-rate schedule and seeding of the training program, checked in the training venv."""
 from __future__ import annotations
 
 import json
@@ -67,3 +67,20 @@ def test_single_process_lamb_run_learns(training_python, data_dir, tmp_path):
     results = json.loads(results_path(done.stdout).read_text())
     assert results["results"]["parameters"]["Optimizer"] == "LAMB"
     assert results["results"]["parameters"]["World size"] == 1
+
+
+def test_same_seed_gives_the_same_run_and_another_seed_does_not(training_python, data_dir, tmp_path):
+    def losses(seed: str, name: str) -> list[float]:
+        done = subprocess.run(
+            [str(training_python), str(TRAINING_DIR / "dp_bert_large_hf_pretrain_hdf5.py"),
+             "--data_dir", str(data_dir), "--output_dir", str(tmp_path / name), "--model_size", "tiny",
+             "--max_steps", "4", "--warmup_steps", "1", "--batch_size", "8", "--grad_accum_usteps", "1",
+             "--lr", "0.001", "--num_threads", "1", "--seed", seed],
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [p.loss for p in progress_lines(done.stdout)]
+
+    first, again, other = losses("11", "a"), losses("11", "b"), losses("12", "c")
+    assert len(first) == 4
+    assert first == again
+    assert first != other

@@ -27,7 +27,7 @@ def tiny_env(data_dir: Path, output_root: Path, **knobs: str) -> dict[str, str]:
 # ---------------------------------------------------------------- errors before launch
 @pytest.mark.parametrize("case", ["empty_data_dir", "missing_data_dir", "non_dividing_nodes",
                                   "zero_accumulation", "world_size_over_files", "unknown_model_size",
-                                  "unknown_scaling_mode", "bad_number"])
+                                  "unknown_scaling_mode", "bad_number", "two_tasks_per_node"])
 def test_bad_input_is_refused_before_launch(case, training_python, data_dir, few_shards, tmp_path):
     nodes, knobs = 2, {}
     if case == "empty_data_dir":
@@ -47,11 +47,13 @@ def test_bad_input_is_refused_before_launch(case, training_python, data_dir, few
         knobs, expected = {"MODEL_SIZE": "huge"}, "unknown MODEL_SIZE 'huge' (known: large tiny)"
     elif case == "unknown_scaling_mode":
         knobs, expected = {"SCALING_MODE": "linear"}, "SCALING_MODE must be 'strong' or 'weak'"
-    else:
+    elif case == "bad_number":
         knobs, expected = {"BATCH_SIZE": "8x"}, "BATCH_SIZE must be a positive integer, got '8x'"
+    else:
+        knobs, expected = {"SLURM_NNODES": "1"}, "expected one task per node, got SLURM_NTASKS=2"
 
-    env = {**tiny_env(data_dir, tmp_path / "out", GRAD_ACCUM_USTEPS="2"), **knobs,
-           **slurm_env(nodes, 0, "501"), "MASTER_ADDR": "127.0.0.1"}
+    env = {**tiny_env(data_dir, tmp_path / "out", GRAD_ACCUM_USTEPS="2"), **slurm_env(nodes, 0, "501"),
+           **knobs, "MASTER_ADDR": "127.0.0.1"}
     done = run_script_once(env)
 
     assert done.returncode == 2, done.stdout + done.stderr
@@ -92,6 +94,7 @@ def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tm
     params = results["results"]["parameters"]
     assert params["World size"] == 2 and params["Number of nodes"] == 2
     assert params["Gradient accumulation microsteps"] == 1 and params["Global batch size"] == 16
+    assert not [k for k in params["Environment variables"] if k.startswith(("FI_", "NEURON_"))]  # not Trn1
     assert metric_values(results, "Sequences processed") == [16 * 40]
     assert metric_values(results, "Final loss") == [pytest.approx(progress[-1].loss, abs=1e-6)]
     assert len(metric_values(results, "Loss")) == 40
