@@ -64,7 +64,7 @@ class KillNodeFault:
             return
         self.done = True
         state = read_node_state(self.paths, node)
-        killed = kill_node_processes(state.uts_ns, state.pid, grace=0.0)
+        killed = kill_node_processes(self.paths, state.uts_ns, grace=0.0)
         log(f"kill-node: killed {node} (job {job_id}): pids {killed}")
         # What clustermgtd does when an instance disappears: the scheduler learns at once.
         set_node_state(self.paths, [node], "DOWN", KILLED_REASON)
@@ -100,8 +100,8 @@ class SshOutageFault:
             info = read_daemons(self.paths).get("sshd", {})
             # The listener and every open session drop, as in a network outage; processes users left
             # running on the head node (nohup) survive.
-            sshd_pids = [p for p in pids_in_namespaces({info.get("uts_ns") or 0}) if cmdline(p).startswith("sshd")]
-            stopped = kill_pids(sorted({*sshd_pids, *([info["pid"]] if info.get("pid") else [])}), grace=1.0)
+            in_sshd_namespace = pids_in_namespaces({info.get("uts_ns") or 0}, self.paths.hosts_file)
+            stopped = kill_pids(sorted(p for p in in_sshd_namespace if cmdline(p).startswith("sshd")), grace=1.0)
             log(f"ssh-outage: sshd {info.get('pid')} stopped with its sessions: {stopped}")
             self.state = "down"
         if self.state == "down" and now >= self.up_at:

@@ -120,16 +120,14 @@ def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_bo
     write_node_state(paths, state)
     return state
 
-def kill_node_processes(uts_ns: int | None, pid: int | None, grace: float) -> list[int]:
+def kill_node_processes(paths: ClusterPaths, uts_ns: int | None, grace: float) -> list[int]:
     """The node's slurmd and everything in its namespace (job steps, user processes)."""
-    victims = set(pids_in_namespaces({uts_ns})) if uts_ns else set()
-    if pid and pid_alive(pid):
-        victims.add(pid)
+    victims = pids_in_namespaces({uts_ns}, paths.hosts_file) if uts_ns else []
     return kill_pids(sorted(victims), grace=grace)
 
 def stop_slurmd(paths: ClusterPaths, name: str, grace: float = 3.0) -> list[int]:
     state = read_node_state(paths, name)
-    stopped = kill_node_processes(state.uts_ns, state.pid, grace)
+    stopped = kill_node_processes(paths, state.uts_ns, grace)
     write_node_state(paths, NodeState(name=name, state="stopped"))
     return stopped
 

@@ -58,18 +58,34 @@ def shared_uts_inodes() -> set[int]:
     return {ino for ino in (ns_inode(os.getpid()), ns_inode(1)) if ino is not None}
 
 
-def pids_in_namespaces(uts_inodes: set[int]) -> list[int]:
+def file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def sees_hosts_file(pid: int, identity: tuple[int, int]) -> bool:
+    """Whether /etc/hosts inside the process's mount namespace is this cluster's hosts file."""
+    return file_identity(Path(f"/proc/{pid}/root/etc/hosts")) == identity
+
+
+def pids_in_namespaces(uts_inodes: set[int], hosts_file: Path) -> list[int]:
     """Every process whose UTS namespace is one of ours (a node's daemon, job steps, ssh sessions).
-    Never sweeps the namespace this process shares with the rest of the machine."""
+
+    Namespace inode numbers are reused once a namespace dies, so a process also has to see this
+    cluster's /etc/hosts. Never sweeps the namespace this process shares with the rest of the machine."""
     uts_inodes = {ino for ino in uts_inodes if ino} - shared_uts_inodes()
-    if not uts_inodes:
+    identity = file_identity(hosts_file)
+    if not uts_inodes or identity is None:
         return []
     found, mine = [], ancestors()
     for pid in all_pids():
         if pid in mine:
             continue
         ino = ns_inode(pid)
-        if ino is not None and ino in uts_inodes:
+        if ino is not None and ino in uts_inodes and sees_hosts_file(pid, identity):
             found.append(pid)
     return found
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from . import accounting
 from .nodes import all_node_states, read_daemons, NodeState, write_node_state
 from .paths import ClusterPaths
-from .procs import (cmdline, kill_pids, ns_inode, pid_alive, pids_in_namespaces, pids_mentioning,
+from .procs import (cmdline, kill_pids, pid_alive, pids_in_namespaces, pids_mentioning,
                     tcp_listening)
 from .runtime_state import cluster_paths, load_runtime
 from .slots import free_slot
@@ -51,18 +51,17 @@ def stop_cluster_processes(paths: ClusterPaths) -> list[str]:
         namespaces.update(ns for ns in [info.get("uts_ns"), *info.get("retired_uts_ns", [])] if ns)
         # Kill by PID, but only if that PID is still ours (PIDs get reused).
         pid = info["pid"]
-        if pid_alive(pid) and (str(paths.root) in cmdline(pid)
-                               or (info.get("uts_ns") and ns_inode(pid) == info["uts_ns"])):
+        if pid_alive(pid) and str(paths.root) in cmdline(pid):
             stopped += [f"{name}[{p}]" for p in kill_pids([pid])]
     for node in all_node_states(paths):
         if node.uts_ns:
             namespaces.add(node.uts_ns)
-        if node.pid and pid_alive(node.pid) and ns_inode(node.pid) == node.uts_ns:
+        if node.pid and pid_alive(node.pid) and str(paths.root) in cmdline(node.pid):
             stopped += [f"slurmd {node.name}[{p}]" for p in kill_pids([node.pid])]
         write_node_state(paths, NodeState(name=node.name, state="stopped"))
     # Sweep: job steps and ssh sessions live in the nodes' namespaces; booters and helpers name the dir.
     for _ in range(3):
-        leftovers = set(pids_in_namespaces(namespaces)) | set(pids_mentioning(str(paths.root)))
+        leftovers = set(pids_in_namespaces(namespaces, paths.hosts_file)) | set(pids_mentioning(str(paths.root)))
         if not leftovers:
             break
         stopped += [f"process[{p}]" for p in kill_pids(sorted(leftovers), grace=1.0)]
