@@ -13,7 +13,7 @@ jinja2 rendering, paramiko/asyncssh load inside tasks.
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG, Asset, Param
 
@@ -144,8 +144,9 @@ with DAG(
     dag_id=DAG_ID,
     description="BERT-Large pretraining on a Trn1 UltraCluster (ParallelCluster + Slurm), torn down afterwards",
     # Weekly so backfills can sweep node counts; paused on creation so nobody pays for a surprise run.
+    # No start_date: with one, unpausing starts a run for the latest past week at once (catchup=False
+    # still schedules the most recent tick); without, the first scheduled run is the next tick.
     schedule="@weekly",
-    start_date=datetime(2026, 1, 1),
     catchup=False,
     is_paused_upon_creation=True,
     # Each run owns a whole cluster: a couple at a time is what quotas and budgets allow.

@@ -101,6 +101,21 @@ def test_schedule_and_run_limits(dag):
     assert dag.render_template_as_native_obj is True
 
 
+def test_unpausing_does_not_start_a_run_at_once(dag):
+    """The first scheduled run is a future tick; backfills still find past weeks."""
+    from datetime import datetime, timezone
+
+    from airflow.models.backfill import _get_info_list
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    first = scheduler_dag.next_dagrun_info(last_automated_run_info=None)
+    assert first.run_after > datetime.now(timezone.utc)
+    weeks = _get_info_list(from_date=datetime(2026, 10, 1, tzinfo=timezone.utc),
+                           to_date=datetime(2026, 11, 1, tzinfo=timezone.utc), reverse=False, dag=scheduler_dag)
+    assert len(weeks) == 5
+
+
 def test_every_param_explains_itself(dag):
     required = {"num_nodes", "instance_type", "max_nodes", "min_nodes", "scaling_mode", "max_steps",
                 "steps_this_run", "batch_size", "grad_accum_usteps", "region", "availability_zone_id",
