@@ -72,6 +72,9 @@ def test_insufficient_capacity_leaves_the_node_down_with_pcluster_reason(uc_home
 
 def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home: UcHome) -> None:
     cluster = uc_home.provision(spec_dict("ft-kill", min_count=2, max_count=2, faults={"kill_node_after": 3}))
+    # A job that ends before the deadline is spared; the fault waits for the next one.
+    short_job = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "true"))
+    assert cluster.wait_job_state(short_job, {"COMPLETED", "NODE_FAIL"}, timeout=60) == "COMPLETED"
     job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null",
                                          "--wrap", "srun sleep 120"))
     cluster.wait_job_state(job_id, {"RUNNING"}, timeout=60)

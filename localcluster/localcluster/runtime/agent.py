@@ -18,7 +18,7 @@ from .procs import cmdline, kill_pids, pids_in_namespaces
 from .runtime_state import cluster_paths, find_node, load_runtime
 from .slurmcmd import expand_hostlist, set_node_state, slurm
 
-POLL_S = 0.5
+POLL_S = 1.0   # squeue once a second is enough and cheap on 2 cores
 KILLED_REASON = "Node failure: instance terminated"
 
 
@@ -52,8 +52,11 @@ class KillNodeFault:
     def step(self) -> None:
         if self.done:
             return
+        jobs = _running_jobs(self.paths)
+        if self.target is not None and self.target[0] not in {j[0] for j in jobs}:
+            log(f"kill-node: job {self.target[0]} ended first; waiting for the next job")
+            self.target = None   # the fault is meant to hit a running job
         if self.target is None:
-            jobs = _running_jobs(self.paths)
             if not jobs:
                 return
             job_id, started, nodelist = jobs[0]

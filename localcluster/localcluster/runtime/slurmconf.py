@@ -11,7 +11,7 @@ from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .slots import Slot
 
 CPUS_PER_NODE = 2            # what this machine has; every node advertises the same
-RESUME_TIMEOUT_S = 120       # pcluster uses 1800 s; a local boot takes boot_delay + ~1 s
+RESUME_TIMEOUT_S = 120       # on top of boot_delay; pcluster uses 1800 s, a local boot takes ~1 s
 SUSPEND_TIMEOUT_S = 5        # how long a node stays "powering down" (idle%) before it is idle~ again
 SLURMD_TIMEOUT_S = 60
 
@@ -78,7 +78,7 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "PrivateData=cloud",
         f"ResumeProgram={paths.bin}/resume",
         f"SuspendProgram={paths.bin}/suspend",
-        f"ResumeTimeout={RESUME_TIMEOUT_S}",
+        f"ResumeTimeout={RESUME_TIMEOUT_S + int(spec.faults.boot_delay)}",
         f"SuspendTimeout={SUSPEND_TIMEOUT_S}",
         f"SuspendTime={suspend_time_seconds(spec.scaledown_idletime_min)}",
         "ResumeRate=0",
