@@ -112,6 +112,22 @@ def test_retry_after_completion_returns_without_waiting(env):
     assert env.verbs() == ["describe-cluster"]
 
 
+def test_a_cluster_being_deleted_is_waited_for_then_created_again(env):
+    env.respond("describe-cluster", "describe_cluster_delete_in_progress.json",
+                ("error_describe_cluster_not_found.json", 1), "describe_cluster_create_in_progress.json")
+    env.respond("create-cluster", "create_cluster.json")
+    op = create_op()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    assert (deferred.value.trigger.waiter_name, deferred.value.method_name) == (
+        "ClusterDeleteComplete", "create_after_delete")
+    assert "create-cluster" not in env.verbs()
+    with pytest.raises(TaskDeferred) as again:
+        op.create_after_delete(make_context(), {"status": "success", "cluster_status": "DELETE_COMPLETE"})
+    assert again.value.trigger.waiter_name == "ClusterCreateComplete"
+    assert env.verbs().count("create-cluster") == 1
+
+
 def test_a_cluster_of_another_run_is_not_adopted(env):
     env.respond("describe-cluster", "describe_cluster_create_complete.json")
     with pytest.raises(ClusterAlreadyExistsError, match="belongs to run"):

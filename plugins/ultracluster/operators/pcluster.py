@@ -162,7 +162,28 @@ class CreateClusterOperator(BaseOperator):
             )
         if status == "CREATE_FAILED":
             self._fail_and_delete(hook, description, "cluster creation failed")
-        raise RuntimeError(f"Cluster {self.cluster_name} is {status}; retry once it is deleted")
+        if status == "DELETE_IN_PROGRESS":
+            # A killed earlier try deleted its cluster (ClusterStatusTrigger.on_kill): wait, then create.
+            from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+            self.log.info("Cluster %s of this run is being deleted: waiting to create it again", self.cluster_name)
+            self.defer(
+                trigger=ClusterStatusTrigger(
+                    cluster_name=self.cluster_name,
+                    waiter_name="ClusterDeleteComplete",
+                    pcluster_conn_id=self.pcluster_conn_id,
+                    region_name=self.region_name or None,
+                    poll_interval=self.poll_interval,
+                    max_attempts=self.max_attempts,
+                ),
+                method_name="create_after_delete",
+            )
+        raise RuntimeError(f"Cluster {self.cluster_name} is {status}; it needs attention before a new create")
+
+    def create_after_delete(self, context: Context, event: dict[str, Any]) -> dict:
+        if event.get("status") != "success":
+            raise RuntimeError(f"Cluster {self.cluster_name} did not finish deleting: {event.get('message')}")
+        return self.execute(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
         if event.get("status") == "success":
