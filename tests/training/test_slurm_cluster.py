@@ -43,10 +43,12 @@ class SlurmCluster:
     runtime: dict
     fsx: Path  # the host path of the cluster's /fsx
 
-    def slurm(self, *args: str) -> str:
+    def slurm(self, *args: str, user: str | None = None) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["SLURM_CONF"] = self.runtime["slurm"]["conf"]
-        done = subprocess.run(list(args), env=env, capture_output=True, text=True, timeout=30)
+        # As the cluster user, the way the product submits over SSH.
+        prefix = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}"] if user else []
+        done = subprocess.run(prefix + list(args), env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, f"{args}: {done.stderr}"
         return done.stdout
 
@@ -109,14 +111,15 @@ def job_dir(two_node_cluster: SlurmCluster, request: pytest.FixtureRequest) -> t
     return host_dir, f"/fsx/jobs/{name}"
 
 
-def submit(cluster: SlurmCluster, job_dir: tuple[Path, str], data_dir: Path, **knobs: str) -> str:
+def submit(cluster: SlurmCluster, job_dir: tuple[Path, str], data_dir: Path | str, user: str | None = None,
+           **knobs: str) -> str:
     _, inside = job_dir
     exports = {**TINY_ENV, "DATA_DIR": str(data_dir), "OUTPUT_ROOT": inside,
                "COMPILE_CACHE_DIR": f"{inside}/compile_cache", "TRAINING_PYTHON": str(TRAINING_PYTHON), **knobs}
     export_arg = "ALL," + ",".join(f"{k}={v}" for k, v in exports.items())
     out = cluster.slurm("sbatch", "--exclusive", "--nodes", "2", "--chdir", inside,
                         "--output", f"{inside}/slurm-%j.out", "--export", export_arg,
-                        "--wrap", f"srun {inside}/run_dp_bert_large_hf_pretrain_bf16_s128.sh")
+                        "--wrap", f"srun {inside}/run_dp_bert_large_hf_pretrain_bf16_s128.sh", user=user)
     assert out.startswith("Submitted batch job "), out
     return out.split()[-1]
 
@@ -205,3 +208,19 @@ def test_sbatch_bad_input_fails_the_job_before_launch(two_node_cluster, job_dir,
     errors = [line for line in slurm_log(job_dir, job_id).splitlines() if line.startswith("UC_ERROR ")]
     assert len(errors) == 2 and all(expected in e for e in errors)  # each node refuses
     assert not (job_dir[0] / f"output_{job_id}").exists()
+
+
+def test_sbatch_as_the_cluster_user_with_data_in_shared_storage(two_node_cluster, job_dir, data_dir):
+    # The product's jobs run as the cluster user, with the dataset untarred on shared storage.
+    user = two_node_cluster.runtime["ssh_user"]
+    host_dir, inside = job_dir
+    shutil.copytree(data_dir, host_dir / "data")
+    subprocess.run(["chown", "-R", f"{user}:", str(host_dir)], check=True)
+    job_id = submit(two_node_cluster, job_dir, f"{inside}/data", user=user, MAX_STEPS="4", GRAD_ACCUM_USTEPS="2")
+    assert two_node_cluster.wait_done(job_id) == "COMPLETED", slurm_log(job_dir, job_id)[-3000:]
+    assert two_node_cluster.job_field(job_id, "UserId").startswith(f"{user}(")
+    log = slurm_log(job_dir, job_id)
+    assert [p.step for p in progress_lines(log)] == [1, 2, 3, 4]
+    results_file = host_path(two_node_cluster, results_path(log))
+    validate_results(json.loads(results_file.read_text()))
+    assert results_file.stat().st_uid == (host_dir / "data").stat().st_uid  # written by the cluster user
