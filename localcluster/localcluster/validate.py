@@ -76,6 +76,8 @@ def _schema_message(error: ValidationError) -> tuple[list[Any], str]:
         return path, f"Shorter than minimum length {error.validator_value}."
     if kind == "maxItems":
         return path, f"Longer than maximum length {error.validator_value}."
+    if kind == "type" and error.instance is None:
+        return path, "Field may not be null."
     if kind == "type":
         wanted = error.validator_value if isinstance(error.validator_value, str) else error.validator_value[0]
         words = {"integer": "Not a valid integer.", "number": "Not a valid number.", "string": "Not a valid string.",

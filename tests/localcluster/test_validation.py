@@ -133,6 +133,16 @@ def test_missing_key_name_is_an_error_with_the_pcluster_message(
     assert_nothing_created(uc_env, uc_home)
 
 
+def test_null_section_like_marshmallow(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
+                                      uc_home: Path) -> None:
+    # pcluster 3.16.1's ClusterSchema answers {'Tags': ['Field may not be null.']} for an empty `Tags:`.
+    code, out = create(uc_env, make_cluster_config(lambda c: c.update(Tags=None)))
+    assert code == 1
+    assert out["configurationValidationErrors"] == [{
+        "level": "ERROR", "type": "ConfigSchemaValidator", "message": "[('Tags', ['Field may not be null.'])]"}]
+    assert_nothing_created(uc_env, uc_home)
+
+
 def test_empty_queue_list(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
                           uc_home: Path) -> None:
     code, out = create(uc_env, make_cluster_config(lambda c: c["Scheduling"].update(SlurmQueues=[])))
