@@ -257,7 +257,7 @@ def status(home: Path, endpoint: str) -> dict[str, Any]:
 
 
 def reap(home: Path) -> list[str]:
-    """Delete clusters whose creating worker died before finishing (e.g. machine reboot)."""
+    """Delete clusters whose worker died mid-way (e.g. machine reboot), and stacks whose cluster state is gone."""
     done = []
     from .runtime import teardown
     for name in state.list_cluster_names(home):
@@ -273,6 +273,14 @@ def reap(home: Path) -> list[str]:
             except Exception as error:
                 done.append(f"{name}: stack not deleted: {error}")
             done.append(f"reaped {name} ({current['cloudFormationStackStatus']}, worker gone)")
+    try:
+        aws = Aws(region_from_env())
+        for name in aws.stacks_of_home(home):
+            if not state.cluster_dir(name, home).exists():
+                aws.delete_stack(name)
+                done.append(f"deleted orphan stack {name} (its cluster state is gone)")
+    except Exception as error:  # moto down: nothing to reap there
+        done.append(f"orphan stacks not checked: {error}")
     return done
 
 

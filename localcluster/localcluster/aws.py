@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -20,6 +21,7 @@ from botocore.exceptions import ClientError
 from .shapes import PCLUSTER_VERSION
 
 CONFIG_NAME = "cluster-config.yaml"
+HOME_PARAMETER = "LocalUltraClusterHome"
 DEFAULT_REGION = "us-east-1"
 _FAST_FAIL = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 
@@ -123,12 +125,14 @@ class Aws:
             s3.delete_object(Bucket=bucket, Key=item["Key"])
 
     def create_stack(self, cluster_name: str, vpc_id: str | None, tags: list[tuple[str, str]],
-                     bucket: str, config_key: str) -> str:
+                     bucket: str, config_key: str, home: Path) -> str:
         template = _stack_template(cluster_name, vpc_id)
         parameters = {
             "Scheduler": "slurm", "ResourcesS3Bucket": bucket,
             "ArtifactS3RootDirectory": config_key.rsplit("/configs/", 1)[0],
             "ConfigVersion": "", "ClusterUser": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+            # Not in pcluster's stacks: lets `local-ultracluster reap` find stacks whose home lost them.
+            HOME_PARAMETER: str(home),
         }
         response = self.client("cloudformation").create_stack(
             StackName=cluster_name, TemplateBody=json.dumps(template),
@@ -136,6 +140,17 @@ class Aws:
             Tags=[{"Key": k, "Value": v} for k, v in tags],
         )
         return response["StackId"]
+
+    def stacks_of_home(self, home: Path) -> list[str]:
+        """Names of live cluster stacks created from this home."""
+        names = []
+        paginator = self.client("cloudformation").get_paginator("describe_stacks")
+        for page in paginator.paginate():
+            for stack in page["Stacks"]:
+                parameters = {p["ParameterKey"]: p.get("ParameterValue") for p in stack.get("Parameters", [])}
+                if stack["StackStatus"] != "DELETE_COMPLETE" and parameters.get(HOME_PARAMETER) == str(home):
+                    names.append(stack["StackName"])
+        return names
 
     def delete_stack(self, cluster_name: str) -> None:
         try:
@@ -146,7 +161,8 @@ class Aws:
 
 
 def _stack_template(cluster_name: str, vpc_id: str | None) -> dict[str, Any]:
-    parameter_names = ("Scheduler", "ResourcesS3Bucket", "ArtifactS3RootDirectory", "ConfigVersion", "ClusterUser")
+    parameter_names = ("Scheduler", "ResourcesS3Bucket", "ArtifactS3RootDirectory", "ConfigVersion", "ClusterUser",
+                       HOME_PARAMETER)
     parameters = {name: {"Type": "String", "Default": ""} for name in parameter_names}
     if vpc_id:
         resources: dict[str, Any] = {"HeadNodeSecurityGroup": {

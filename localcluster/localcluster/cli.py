@@ -166,7 +166,7 @@ def _start_creation(name: str, region: str, spec: ClusterSpec, config: dict[str,
         (directory / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         bucket, key = aws.upload_config(name, spec.config_yaml)
         head_vpc = vpcs.get(config["HeadNode"]["Networking"]["SubnetId"])
-        arn = aws.create_stack(name, head_vpc, tags, bucket, key)
+        arn = aws.create_stack(name, head_vpc, tags, bucket, key, state.uc_home().resolve())
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)   # nothing half-made survives a failed create
         raise

@@ -27,7 +27,7 @@ from tests.fixtures_localcluster import (
     processes_mentioning,
     run_admin,
     run_pcluster,
-    wait_for_status,
+    wait_for_status, wait_until_gone,
 )
 
 pytestmark = pytest.mark.localcluster
@@ -209,3 +209,21 @@ def test_reap_deletes_a_cluster_whose_worker_died(uc_env: dict[str, str], uc_hom
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     stacks = cfn.list_stacks()["StackSummaries"]
     assert all(s["StackStatus"] == "DELETE_COMPLETE" for s in stacks if s["StackName"] == "orphan")
+
+
+def test_reap_deletes_stacks_whose_cluster_state_was_wiped(uc_env: dict[str, str], uc_home: Path,
+                                                           make_cluster_config: Any) -> None:
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600"})
+    assert run_pcluster(uc_env, "create-cluster", "-n", "wiped", "-c", str(config))[0] == 0
+    worker = json.loads((uc_home / "clusters" / "wiped" / "cluster.json").read_text())["createWorkerPid"]
+    os.kill(worker, 9)
+    shutil.rmtree(uc_home / "clusters" / "wiped")
+    # The name stays taken while moto still holds the stack, as with pcluster.
+    code, out = run_pcluster(uc_env, "create-cluster", "-n", "wiped", "-c", str(config))
+    assert (code, out) == (1, {"message": "Bad Request: Cluster wiped already exists."})
+    reaped = run_admin(uc_env, "reap")
+    assert "deleted orphan stack wiped (its cluster state is gone)" in reaped.stdout, reaped.stdout
+    code, out = run_pcluster(uc_env, "create-cluster", "-n", "wiped", "-c", str(config))
+    assert code == 0, out
+    assert run_pcluster(uc_env, "delete-cluster", "-n", "wiped")[0] == 0
+    wait_until_gone(uc_env, "wiped")
