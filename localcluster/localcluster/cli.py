@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     create = command("create-cluster", create_cluster, "Create a managed cluster in a given region.")
     _add_name(create)
-    create.add_argument("-c", "--cluster-configuration", required=True, type=partial(_file_text, "cluster-configuration"))
+    create.add_argument("-c", "--cluster-configuration", required=True,
+                        type=partial(_file_text, "cluster-configuration"))
     create.add_argument("--suppress-validators", nargs="+", type=partial(_matching, SUPPRESS_PATTERN,
                         "suppress-validators"))
     create.add_argument("--validation-failure-level", choices=("INFO", "WARNING", "ERROR"))

@@ -27,7 +27,8 @@ from tests.fixtures_localcluster import (
     processes_mentioning,
     run_admin,
     run_pcluster,
-    wait_for_status, wait_until_gone,
+    wait_for_status,
+    wait_until_gone,
 )
 
 pytestmark = pytest.mark.localcluster
