@@ -304,3 +304,58 @@ def test_node_failure_fails_the_task_with_node_fail(uc_home, uc_env, make_cluste
     finally:
         pcluster("delete-cluster", "-n", "nodekill")
         wait_until_gone(uc_env, "nodekill", timeout=120)
+
+
+def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
+    """With slurmdbd (Scheduling.SlurmSettings.Database) sacct answers; the parser reads its real output.
+
+    Set UC_CAPTURE_DIR to also write the raw outputs (how tests/fixtures/slurm/sacct_*.out were made).
+    """
+    from ultracluster import remote_commands as rc
+    from ultracluster.hooks.slurm import SlurmHook, _status_from_sacct
+    from ultracluster.parsers import slurm as parse
+
+    config = make_cluster_config(static=1, dynamic=0, accounting=True,
+                                 tags={"local-ultracluster:provisioning-delay": "1"})
+    code, created = pcluster("create-cluster", "-n", "acct", "-c", str(config))
+    assert code == 0, created
+    try:
+        described = wait_for_status(uc_env, "acct", {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)
+        assert described["clusterStatus"] == "CREATE_COMPLETE", described
+        cluster = SimpleNamespace(name="acct", home=uc_home, env=uc_env)
+        cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
+        monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
+            {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+        monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
+            {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+             "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
+             "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
+        event = wait_for_fleet(cluster, num_nodes=1)
+        assert event["status"] == "success", event
+        slurm = SlurmHook(head_node=event["head_node"])
+        node = slurm.head_node_hook
+        node.check(rc.make_dirs("/fsx/jobs/acct"))
+        node.check(rc.write_file("/fsx/jobs/acct/fail.sh", "#!/bin/bash\necho failing\nexit 3\n"))
+        node.check(rc.make_executable("/fsx/jobs/acct/fail.sh"))
+        job_id = slurm.sbatch(job_dir="/fsx/jobs/acct", script_path="/fsx/jobs/acct/fail.sh", num_nodes=1,
+                              job_name="uc.acct", comment="accounting test", job_env={})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (slurm.scontrol_show_job(job_id) or SimpleNamespace(terminal=True)).terminal:
+            time.sleep(1)
+        # slurmdbd records the end a moment after slurmctld: poll sacct until it has the final state.
+        deadline = time.monotonic() + 60
+        while True:
+            result = node.run(rc.sacct_job(job_id))
+            status = _status_from_sacct(job_id, result)
+            if (status and status.terminal) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert result.ok and not parse.is_accounting_disabled(result.stdout + result.stderr), result
+        assert status is not None and (status.state, status.exit_code, status.source) == ("FAILED", 3, "sacct"), result
+        if os.environ.get("UC_CAPTURE_DIR"):
+            capture = Path(os.environ["UC_CAPTURE_DIR"])
+            (capture / "sacct_failed.cmd").write_text(rc.sacct_job(job_id).shell + "\n")
+            (capture / "sacct_failed.out").write_text(result.stdout)
+    finally:
+        pcluster("delete-cluster", "-n", "acct")
+        wait_until_gone(uc_env, "acct", timeout=120)

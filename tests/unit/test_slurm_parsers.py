@@ -129,9 +129,9 @@ def test_unknown_partition():
 
 def test_sacct_without_slurmdbd():
     assert parse.is_accounting_disabled(fixture("sacct_no_dbd.err"))
-    assert parse.parse_sacct("12|wrap|OUT_OF_MEMORY|0:125\n12.batch|batch|OUT_OF_MEMORY|0:125\n", "12") == (
-        "OUT_OF_MEMORY", 0, 125,
-    )
+    # With slurmdbd (local UltraCluster, Database set): a job that exited 3.
+    assert parse.parse_sacct(fixture("sacct_failed.out"), "1") == ("FAILED", 3, 0)
+    assert parse.parse_sacct(fixture("sacct_failed.out"), "2") is None
 
 
 def test_state_tables():
