@@ -75,9 +75,7 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
-def slurm_job_name(
-    dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None
-) -> str:
+def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None) -> str:
     """Deterministic, shell- and Slurm-safe job name for one task of one run.
 
     The readable part is sanitised and cut; the hash of the exact ids keeps two runs (or two
@@ -103,9 +101,7 @@ def sinfo(partition: str | None = None) -> RemoteCommand:
 
 def squeue_by_name(job_name: str) -> RemoteCommand:
     """Live and recently finished (still in slurmctld memory) jobs with this exact name."""
-    return _from_argv(
-        "squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT
-    )
+    return _from_argv("squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT)
 
 
 def squeue_job(job_id: str | int) -> RemoteCommand:
@@ -122,8 +118,14 @@ def scontrol_show_job(job_id: str | int) -> RemoteCommand:
 def sacct_job(job_id: str | int) -> RemoteCommand:
     """Final state from accounting; fails with "accounting storage is disabled" without slurmdbd."""
     return _from_argv(
-        "sacct", "--noheader", "--parsable2", "--allocations", "--jobs", _check_job_id(job_id),
-        "--format", "JobID,JobName,State,ExitCode",
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        "--jobs",
+        _check_job_id(job_id),
+        "--format",
+        "JobID,JobName,State,ExitCode",
     )
 
 
@@ -180,12 +182,25 @@ def sbatch(
     exit_marker = shlex.quote(job_dir.rstrip("/")) + '/slurm-"$SLURM_JOB_ID".exit'
     wrap = f'{run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
 
-    argv = ["sbatch", "--parsable", "--job-name", job_name, "--comment", comment,
-            "--nodes", str(int(num_nodes)), "--chdir", job_dir,
-            "--output", f"{job_dir.rstrip('/')}/slurm-%j.out", "--export", "ALL",
-            # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
-            # from scratch behind the task's back and hide NODE_FAIL.
-            "--no-requeue"]
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--job-name",
+        job_name,
+        "--comment",
+        comment,
+        "--nodes",
+        str(int(num_nodes)),
+        "--chdir",
+        job_dir,
+        "--output",
+        f"{job_dir.rstrip('/')}/slurm-%j.out",
+        "--export",
+        "ALL",
+        # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
+        # from scratch behind the task's back and hide NODE_FAIL.
+        "--no-requeue",
+    ]
     if exclusive:
         argv.append("--exclusive")
     if partition:
@@ -270,9 +285,7 @@ def write_file(path: str, content: str) -> RemoteCommand:
 
 
 def command_exists(program: str) -> RemoteCommand:
-    return RemoteCommand(
-        shell=f"command -v {shlex.quote(program)}", description=f"command -v {program}"
-    )
+    return RemoteCommand(shell=f"command -v {shlex.quote(program)}", description=f"command -v {program}")
 
 
 # ----------------------------------------------------------------------------------- dataset
@@ -312,8 +325,16 @@ def sha256_of(path: str) -> RemoteCommand:
 
 
 def unpack_tar(tar_path: str, destination_dir: str) -> RemoteCommand:
-    return _from_argv("tar", "-x", "-f", tar_path, "-C", destination_dir, "--no-same-owner",
-                      description=f"unpack {tar_path} into {destination_dir}")
+    return _from_argv(
+        "tar",
+        "-x",
+        "-f",
+        tar_path,
+        "-C",
+        destination_dir,
+        "--no-same-owner",
+        description=f"unpack {tar_path} into {destination_dir}",
+    )
 
 
 def count_files(directory: str, pattern: str) -> RemoteCommand:

@@ -151,7 +151,7 @@ def test_checksum_manifest_mismatch_fails(tmp_path, aws_conn, head):
 
 def test_too_few_files_fails(tmp_path, aws_conn, head):
     aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES, manifest=False))
-    with pytest.raises(AirflowException, match="holds 3 file.*expected at least 5"):
+    with pytest.raises(AirflowException, match=r"holds 3 file.*expected at least 5"):
         operator(tmp_path, expected_min_files=5).execute(CTX)
 
 

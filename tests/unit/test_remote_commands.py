@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -128,7 +129,7 @@ def test_sbatch_passes_hostile_env_and_paths_verbatim(tmp_path):
     srun_argv = [a.decode() for a in (tmp_path / "srun.argv").read_bytes().split(b"\0")[:-1]]
     assert srun_argv == [job_dir + "/run.sh"]
     assert "COMPILE_ONLY=1" in (tmp_path / "srun.env").read_text().splitlines()
-    assert (open(job_dir + "/slurm-77.exit").read().strip()) == "0"
+    assert Path(job_dir, "slurm-77.exit").read_text().strip() == "0"
 
 
 def test_sbatch_wrap_uses_launcher_when_present_and_records_failure(tmp_path):
@@ -149,7 +150,7 @@ def test_sbatch_wrap_uses_launcher_when_present_and_records_failure(tmp_path):
     )
     assert node.returncode == 3
     assert (tmp_path / "srun.log").read_text().split() == ["neuron_parallel_compile", job_dir + "/run.sh"]
-    assert open(job_dir + "/slurm-78.exit").read().strip() == "3"
+    assert Path(job_dir, "slurm-78.exit").read_text().strip() == "3"
 
 
 @pytest.mark.parametrize("name", ["1BAD", "A-B", "A B", "A;B", ""])
@@ -184,7 +185,7 @@ def test_curl_config_quotes_values(tmp_path):
     (tmp_path / "src.bin").write_bytes(b"payload")
     result = run_local(command, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert open(path, "rb").read() == b"payload"
+    assert Path(path).read_bytes() == b"payload"
     assert not os.path.exists(path + ".part")
 
 

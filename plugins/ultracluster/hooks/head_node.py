@@ -236,7 +236,7 @@ class HeadNodeHook(BaseHook):
             raise HostKeyMismatchError(
                 f"Head node {self.address} did not present the host key pinned at first contact: {err}"
             ) from None
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError, asyncssh.Error) as err:
             raise HeadNodeUnreachableError(f"Cannot reach head node {self.address}: {err!r}") from err
         try:
             yield conn
@@ -262,7 +262,7 @@ class HeadNodeHook(BaseHook):
             result = await conn.run(
                 command.shell, input=command.stdin, check=False, timeout=timeout or self.command_timeout
             )
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError, asyncssh.Error) as err:
             raise HeadNodeUnreachableError(f"Lost head node {self.address} running {command}: {err!r}") from err
         stdout, stderr = result.stdout or "", result.stderr or ""
         # Killed by a signal: exit_status is -1/None; report it as a failure, never as 0.

@@ -47,8 +47,12 @@ class JobStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "job_id": self.job_id, "state": self.state, "exit_code": self.exit_code,
-            "signal": self.signal, "reason": self.reason, "source": self.source,
+            "job_id": self.job_id,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "reason": self.reason,
+            "source": self.source,
         }
 
 
@@ -91,7 +95,10 @@ def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
         code = int(text)
         return JobStatus(job_id, "COMPLETED" if code == 0 else "FAILED", code, 0, "from exit marker", "exit_marker")
     return JobStatus(
-        job_id, "UNKNOWN", None, None,
+        job_id,
+        "UNKNOWN",
+        None,
+        None,
         "slurmctld no longer knows the job (MinJobAge), there is no accounting and no exit marker",
         "exit_marker",
     )

@@ -153,7 +153,9 @@ class DownloadDatasetOperator(BaseOperator):
         if marker_matches(marker, self.dataset_s3_uri, etag, size):
             directory, count = self._dataset_dir(head_node, key)
             if count >= self.expected_min_files:
-                self.log.info("Dataset already in %s (%d files, ETag %s): skipping the download", directory, count, etag)
+                self.log.info(
+                    "Dataset already in %s (%d files, ETag %s): skipping the download", directory, count, etag
+                )
                 return {"data_dir": directory, "files": count, "skipped": True}
             self.log.warning("Marker matches but only %d file(s) in %s: downloading again", count, directory)
 
@@ -198,7 +200,11 @@ class DownloadDatasetOperator(BaseOperator):
             raise AirflowException(f"Downloaded {tar_path} is {got} bytes, S3 says {size}")
         if s3.check_for_key(f"{key}.sha256", bucket_name=bucket):
             expected = s3.read_key(f"{key}.sha256", bucket_name=bucket).split()[0].lower()
-            actual = head_node.check(remote_commands.sha256_of(tar_path), timeout=self.transfer_timeout).stdout.split()[0].lower()
+            actual = (
+                head_node.check(remote_commands.sha256_of(tar_path), timeout=self.transfer_timeout)
+                .stdout.split()[0]
+                .lower()
+            )
             if actual != expected:
                 raise AirflowException(f"SHA-256 of {tar_path} is {actual}, {key}.sha256 says {expected}")
             self.log.info("SHA-256 of the tar matches %s.sha256", key)

@@ -225,9 +225,7 @@ class CollectResultsOperator(BaseOperator):
         metrics["job_id"] = self.train.get("job_id")
 
         listing = head_node.check(remote_commands.list_files(output_dir)).stdout
-        files = {
-            line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line
-        }
+        files = {line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line}
         uploads = [(posixpath.join(output_dir, rel), rel) for rel in select_artifacts(files)]
         if results_path not in {local for local, _ in uploads}:
             uploads.append((results_path, posixpath.basename(results_path)))
@@ -244,7 +242,7 @@ class CollectResultsOperator(BaseOperator):
 
     def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]]) -> None:
         for start in range(0, len(uploads), _UPLOAD_BATCH):
-            batch = uploads[start:start + _UPLOAD_BATCH]
+            batch = uploads[start : start + _UPLOAD_BATCH]
             signed = []
             for local, rel in batch:
                 url = s3.generate_presigned_url(

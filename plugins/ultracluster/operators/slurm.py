@@ -58,7 +58,14 @@ class SlurmJobOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        "head_node", "job_dir", "num_nodes", "job_env", "launcher", "training_files_dir", "job_name", "partition",
+        "head_node",
+        "job_dir",
+        "num_nodes",
+        "job_env",
+        "launcher",
+        "training_files_dir",
+        "job_name",
+        "partition",
     )
     ui_color = "#d4e6f1"
 
@@ -96,7 +103,9 @@ class SlurmJobOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.partition = partition
         self.run_script = run_script
-        self.launcher_fallback_env = dict(launcher_fallback_env if launcher_fallback_env is not None else {"COMPILE_ONLY": "1"})
+        self.launcher_fallback_env = dict(
+            launcher_fallback_env if launcher_fallback_env is not None else {"COMPILE_ONLY": "1"}
+        )
         self.outage_timeout = outage_timeout
         self.time_limit_minutes = time_limit_minutes
         self.log_tail_lines = log_tail_lines
@@ -180,7 +189,8 @@ class SlurmJobOperator(BaseOperator):
                 return str(stored)
             self.log.info("Stored Slurm job %s ended %s; submitting a new one", stored, status.state)
         candidates = [
-            job for job in self.hook.squeue_by_name(job_name)
+            job
+            for job in self.hook.squeue_by_name(job_name)
             if parse.is_active(job.state) or job.state in parse.SUCCESS_STATES
         ]
         if newest := _newest(candidates):
@@ -205,7 +215,9 @@ class SlurmJobOperator(BaseOperator):
     def submit(self, context: Context, job_name: str) -> str:
         self.copy_training_files()
         job_id = self.hook.sbatch(**self._sbatch_args(job_name, context["ti"].run_id))
-        self.log.info("Submitted Slurm job %s (%s, %d node(s)); log %s", job_id, job_name, self.num_nodes, self._log_path(job_id))
+        self.log.info(
+            "Submitted Slurm job %s (%s, %d node(s)); log %s", job_id, job_name, self.num_nodes, self._log_path(job_id)
+        )
         return job_id
 
     # ---------------------------------------------------------------------------- execute
@@ -273,7 +285,9 @@ class SlurmJobOperator(BaseOperator):
         state = event.get("state") or event.get("status")
         parts = [f"Slurm job {event.get('job_id')} ended {state}"]
         if event.get("exit_code") is not None:
-            parts.append(f"exit code {event['exit_code']}" + (f" (signal {event['signal']})" if event.get("signal") else ""))
+            parts.append(
+                f"exit code {event['exit_code']}" + (f" (signal {event['signal']})" if event.get("signal") else "")
+            )
         if event.get("reason"):
             parts.append(f"reason {event['reason']}")
         if event.get("message"):

@@ -12,14 +12,26 @@ from dataclasses import dataclass, field
 
 # Base job states (scontrol/squeue/sacct spell them the same way).
 PENDING_STATES = frozenset(
-    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
-     "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", "POWER_UP_NODE"}
+    {
+        "PENDING",
+        "CONFIGURING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SUSPENDED",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+        "POWER_UP_NODE",
+    }
 )
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING"})
 SUCCESS_STATES = frozenset({"COMPLETED"})
 FAILURE_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE",
-     "PREEMPTED", "REVOKED"}
+    {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}
 )
 TERMINAL_STATES = SUCCESS_STATES | FAILURE_STATES
 
@@ -78,7 +90,7 @@ class NodeStatus:
 
     @property
     def flags(self) -> str:
-        return self.state[len(self.state.rstrip(_NODE_FLAGS)):]
+        return self.state[len(self.state.rstrip(_NODE_FLAGS)) :]
 
     @property
     def powered_down(self) -> bool:
@@ -101,10 +113,7 @@ class NodeStatus:
     @property
     def is_unusable(self) -> bool:
         """Down, drained/draining, failing or not responding: a job cannot get it."""
-        return (
-            self.base.startswith(("down", "drain", "fail", "inval", "unk"))
-            or self.not_responding
-        )
+        return self.base.startswith(("down", "drain", "fail", "inval", "unk")) or self.not_responding
 
 
 def parse_sinfo(stdout: str) -> list[NodeStatus]:
@@ -248,7 +257,7 @@ def parse_scontrol_kv(text: str) -> dict[str, str]:
     pairs: dict[str, str] = {}
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(flat)
-        pairs.setdefault(match.group(1), flat[match.end():end].strip())
+        pairs.setdefault(match.group(1), flat[match.end() : end].strip())
     return pairs
 
 
@@ -381,7 +390,7 @@ def parse_progress_line(line: str) -> Progress | None:
     if start < 0:
         return None
     tokens: dict[str, str] = {}
-    for token in line[start + len(_PROGRESS_PREFIX):].split():
+    for token in line[start + len(_PROGRESS_PREFIX) :].split():
         key, sep, value = token.partition("=")
         if sep:
             tokens[key] = value
@@ -410,9 +419,9 @@ def find_results_path(text: str) -> str | None:
     for line in text.splitlines():
         start = line.find(_RESULTS_PREFIX)
         if start >= 0:
-            found = line[start + len(_RESULTS_PREFIX):].strip() or found
+            found = line[start + len(_RESULTS_PREFIX) :].strip() or found
     return found
 
 
 def find_errors(text: str) -> list[str]:
-    return [line[line.find(_ERROR_PREFIX):].strip() for line in text.splitlines() if _ERROR_PREFIX in line]
+    return [line[line.find(_ERROR_PREFIX) :].strip() for line in text.splitlines() if _ERROR_PREFIX in line]

@@ -129,6 +129,9 @@ class ComputeFleetSensor(BaseSensorOperator):
         self._remember_host_key(context, head_node.get("host_key"))
         self.log.info(
             "Cluster %s ready: head node %s, partition %s. %s",
-            head_node["cluster_name"], head_node["address"], head_node.get("partition"), event.get("message"),
+            head_node["cluster_name"],
+            head_node["address"],
+            head_node.get("partition"),
+            event.get("message"),
         )
         return head_node

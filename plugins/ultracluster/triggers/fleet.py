@@ -71,7 +71,8 @@ async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
 
     key = await asyncio.wait_for(
         asyncssh.get_server_host_key(
-            address, port,
+            address,
+            port,
             server_host_key_algs=["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"],
         ),
         timeout=timeout,
@@ -156,7 +157,7 @@ class ComputeFleetTrigger(BaseTrigger):
         if self.host_key is None:
             try:
                 self.host_key = await afetch_host_key(address, self.ssh_port)
-            except (OSError, asyncio.TimeoutError) as err:
+            except (TimeoutError, OSError) as err:
                 return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
             self.log.info("Pinned head node %s host key %s", address, self.host_key[:40] + "...")
         head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
@@ -189,7 +190,9 @@ class ComputeFleetTrigger(BaseTrigger):
                 verdict, reason, head_node = WAIT, f"describe-cluster failed: {err}", None
             except Exception as err:
                 self.log.exception("Compute fleet trigger failed")
-                yield TriggerEvent({"status": "failed", "message": f"{type(err).__name__}: {err}", "host_key": self.host_key})
+                yield TriggerEvent(
+                    {"status": "failed", "message": f"{type(err).__name__}: {err}", "host_key": self.host_key}
+                )
                 return
             if verdict == READY:
                 yield TriggerEvent({"status": "success", "message": reason, "head_node": head_node})

@@ -144,8 +144,11 @@ class SlurmJobTrigger(BaseTrigger):
             self.log.info("%s", line.strip())
             if (progress := parse.parse_progress_line(line)) is not None:
                 self._last_progress = {
-                    "step": progress.step, "total": progress.total, "loss": progress.loss,
-                    "throughput": progress.throughput, "eta_s": progress.eta_s,
+                    "step": progress.step,
+                    "total": progress.total,
+                    "loss": progress.loss,
+                    "throughput": progress.throughput,
+                    "eta_s": progress.eta_s,
                 }
             elif (results := parse.find_results_path(line)) is not None:
                 self._results_path = results
@@ -192,7 +195,10 @@ class SlurmJobTrigger(BaseTrigger):
                 delay = _backoff(failures)
                 self.log.warning(
                     "Head node unreachable (attempt %d, %d s so far); retrying in %.1f s: %s",
-                    failures, int(down_for), delay, err,
+                    failures,
+                    int(down_for),
+                    delay,
+                    err,
                 )
                 await asyncio.sleep(delay)
             except Exception as err:  # a bug or an unexpected Slurm reply: end with the reason
@@ -203,7 +209,9 @@ class SlurmJobTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious)."""
         if await task_is_still_deferred(self.task_instance):
-            self.log.warning("on_kill fired while the task is still deferred (trigger moved?); job %s kept", self.job_id)
+            self.log.warning(
+                "on_kill fired while the task is still deferred (trigger moved?); job %s kept", self.job_id
+            )
             return
         self.log.info("Task killed: scancel %s", self.job_id)
         await asyncio.wait_for(self._slurm().ascancel(self.job_id), timeout=25)
