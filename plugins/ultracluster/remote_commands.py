@@ -302,6 +302,37 @@ def _curl_config(entries: Iterable[tuple[str, str]]) -> str:
     return "".join(f"{key} = {quote(value)}\n" for key, value in entries)
 
 
+def cancellable(command: RemoteCommand, pid_file: str) -> RemoteCommand:
+    """Run ``command`` in its own process group whose id goes to ``pid_file``; exit with its status.
+
+    Closing an SSH channel does not stop a remote curl writing to a file, so a killed task could not
+    stop it; ``kill_process_group(pid_file)`` can. ``setsid`` does not fork here (a background job
+    of a non-interactive shell is no group leader), so the recorded pid is the group id. ``<&0``
+    keeps the command's stdin (the secret curl config) instead of bash's /dev/null for ``&``.
+    """
+    pid = shlex.quote(pid_file)
+    return RemoteCommand(
+        shell=(
+            f'setsid bash -c {shlex.quote(command.shell)} <&0 & pid=$!; echo "$pid" > {pid}; '
+            f'wait "$pid"; rc=$?; rm -f -- {pid}; exit "$rc"'
+        ),
+        description=f"{command.description} (cancellable)",
+        stdin=command.stdin,
+    )
+
+
+def kill_process_group(pid_file: str) -> RemoteCommand:
+    """Stop what ``cancellable`` started (TERM to its whole process group); a no-op when it is gone."""
+    pid = shlex.quote(pid_file)
+    return RemoteCommand(
+        shell=(
+            f'if [ -f {pid} ]; then p=$(cat {pid}); case "$p" in (*[!0-9]*|"") exit 0;; esac; '
+            f'kill -TERM -- "-$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
+        ),
+        description=f"stop the process group in {pid_file}",
+    )
+
+
 def download_to_file(presigned_url: str, destination: str) -> RemoteCommand:
     """curl the (secret) URL, given on stdin, to destination via a .part file and rename.
 

@@ -189,3 +189,29 @@ def test_marker_matching():
     assert not marker_matches(marker, "s3://other/x.tar", "abc", 10)
     assert not marker_matches("", URI, "abc", 10) and not marker_matches("{bad", URI, "abc", 10)
     assert parse_s3_uri(URI) == ("neuron-s3", KEY)
+
+
+def test_on_kill_stops_the_remote_download(tmp_path, head):
+    """on_kill reaches the curl through the pid file the cancellable download recorded."""
+    import time
+
+    from ultracluster import remote_commands as rc
+
+    source = tmp_path / "slow-source"
+    os.mkfifo(source)
+    op = operator(tmp_path)
+    (tmp_path / "fsx" / "data").mkdir(parents=True)
+    op._pid_file = str(tmp_path / "fsx" / "data" / ".ultracluster-download.pid")
+    command = rc.cancellable(rc.download_to_file(f"file://{source}", str(tmp_path / "fsx" / "data" / "x.tar")),
+                             op._pid_file)
+    process = subprocess.Popen(["bash", "-c", command.shell], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, text=True)
+    process.stdin.write(command.stdin)
+    process.stdin.close()
+    for _ in range(100):
+        if os.path.exists(op._pid_file):
+            break
+        time.sleep(0.05)
+    op.on_kill()
+    assert process.wait(timeout=10) != 0
+    assert [c.description for c in head.commands] == [f"stop the process group in {op._pid_file}"]

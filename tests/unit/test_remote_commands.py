@@ -220,3 +220,39 @@ def test_checksum_manifest_verification(tmp_path):
     assert run_local(rc.verify_checksum_manifest(str(tmp_path)), tmp_path).returncode == 0
     (tmp_path / "a_training_1.hdf5").write_bytes(b"corrupted")
     assert run_local(rc.verify_checksum_manifest(str(tmp_path)), tmp_path).returncode != 0
+
+
+def test_cancellable_transfer_is_stopped_through_its_pid_file(tmp_path):
+    """A curl blocked on its source (a FIFO nobody writes) keeps running until kill_process_group."""
+    import time
+
+    source = tmp_path / "never-written"
+    os.mkfifo(source)
+    pid_file = str(tmp_path / "dl.pid")
+    command = rc.cancellable(rc.download_to_file(f"file://{source}", str(tmp_path / "out.bin")), pid_file)
+    assert command.stdin and "never-written" in command.stdin  # the (secret) config still goes on stdin
+    process = subprocess.Popen(["bash", "-c", command.shell], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdin.write(command.stdin)
+    process.stdin.close()
+    for _ in range(100):
+        if os.path.exists(pid_file) and open(pid_file).read().strip():
+            break
+        time.sleep(0.05)
+    group = int(Path(pid_file).read_text())
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=1)  # still blocked: closing our side would not stop it either
+    assert run_local(rc.kill_process_group(pid_file), tmp_path).returncode == 0
+    assert process.wait(timeout=10) != 0
+    assert not os.path.exists(pid_file) and not (tmp_path / "out.bin").exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
+    # a second kill, or a kill with no transfer running, is a no-op
+    assert run_local(rc.kill_process_group(pid_file), tmp_path).returncode == 0
+
+
+def test_kill_process_group_ignores_a_tampered_pid_file(tmp_path):
+    pid_file = tmp_path / "x.pid"
+    pid_file.write_text("1; touch PWNED")
+    assert run_local(rc.kill_process_group(str(pid_file)), tmp_path).returncode == 0
+    assert not (tmp_path / "PWNED").exists()

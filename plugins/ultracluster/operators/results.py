@@ -190,6 +190,7 @@ class CollectResultsOperator(BaseOperator):
         self.presigned_url_expiry = presigned_url_expiry
         # A silent curl uploading a multi-GB checkpoint prints nothing for a long time.
         self.transfer_timeout = transfer_timeout
+        self._pid_file: str | None = None  # set while a cancellable remote transfer runs
 
     def _destination(self, context: Context) -> tuple[str, str]:
         match = _S3_PREFIX.match(self.artifacts_s3_uri or "")
@@ -232,13 +233,23 @@ class CollectResultsOperator(BaseOperator):
         if self.train.get("log_path"):
             uploads.append((self.train["log_path"], posixpath.basename(self.train["log_path"])))
         s3 = S3Hook(aws_conn_id=self.aws_conn_id)
-        self._upload(head_node, s3, bucket, prefix, uploads)
+        self._pid_file = posixpath.join(output_dir, ".ultracluster-upload.pid")
+        try:
+            self._upload(head_node, s3, bucket, prefix, uploads)
+        finally:
+            self._pid_file = None
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
 
         self.log.info("Training results (job %s):\n%s", metrics["job_id"], summary_table(metrics))
         for asset in self.outlets or []:
             context["outlet_events"][asset].extra = dict(metrics)
         return metrics
+
+    def on_kill(self) -> None:
+        """Stop the remote curl: closing the SSH channel alone would leave it running."""
+        from ultracluster.operators.dataset import stop_remote_transfer
+
+        stop_remote_transfer(self.log, self.ssh_conn_id, self.head_node, self._pid_file)
 
     def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]]) -> None:
         for start in range(0, len(uploads), _UPLOAD_BATCH):
@@ -253,7 +264,8 @@ class CollectResultsOperator(BaseOperator):
                 if not url:
                     raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
                 signed.append((local, url))
-            head_node.check(remote_commands.upload_files(signed), timeout=self.transfer_timeout)
+            upload = remote_commands.cancellable(remote_commands.upload_files(signed), self._pid_file)
+            head_node.check(upload, timeout=self.transfer_timeout)
         missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
         if missing:
             raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
