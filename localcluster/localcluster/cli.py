@@ -23,7 +23,7 @@ from . import shapes, state, validate
 from .aws import Aws, NotLoopback, region_from_env
 from .spec import ClusterSpec
 from .spec_builder import build_spec, config_tags, fault_findings
-from .worker import spawn
+from .worker import pid_alive, spawn
 
 CLUSTER_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9-]+$"
 SUPPRESS_PATTERN = "^(ALL|type:[A-Za-z0-9]+)$"
@@ -84,9 +84,29 @@ def _read_state(name: str, any_region: bool = False) -> dict[str, Any] | None:
             current = state.read_state(name)
         except state.ClusterNotFound:
             return None
+        if _settle_dead_worker(current):
+            state.write_json_atomic(state.state_file(name), current)
     if not any_region and current["region"] != region_from_env():
         return None
     return current
+
+
+def _settle_dead_worker(current: dict[str, Any]) -> bool:
+    """A worker that died mid-way (killed, reboot) would leave the cluster in progress forever: fail it,
+    as CloudFormation times out. Workers write their final state before exiting, so this is no race."""
+    stack_status = current["cloudFormationStackStatus"]
+    if stack_status == "CREATE_IN_PROGRESS" and not current.get("deleteRequested") \
+            and current.get("createWorkerPid") and not pid_alive(current["createWorkerPid"]):
+        current.update(cloudFormationStackStatus="ROLLBACK_COMPLETE" if current.get("rollbackOnFailure", True)
+                       else "CREATE_FAILED", failureCode="HeadNodeBootstrapFailure",
+                       failureReason="Cluster creation timed out.", lastUpdatedTime=shapes.iso_now())
+        return True
+    if stack_status == "DELETE_IN_PROGRESS" and current.get("deleteWorkerPid") \
+            and not pid_alive(current["deleteWorkerPid"]):
+        current.update(cloudFormationStackStatus="DELETE_FAILED", deleteRequested=False,
+                       lastUpdatedTime=shapes.iso_now())
+        return True
+    return False
 
 
 def _require_state(name: str, suffix: str = "") -> dict[str, Any]:
@@ -214,7 +234,7 @@ def delete_cluster(args: argparse.Namespace) -> dict[str, Any]:
         already = current["cloudFormationStackStatus"] == "DELETE_IN_PROGRESS"
         if not already:
             current.update(cloudFormationStackStatus="DELETE_IN_PROGRESS", deleteRequested=True,
-                           lastUpdatedTime=shapes.iso_now())
+                           lastUpdatedTime=shapes.iso_now(), deleteWorkerPid=None)
             state.write_json_atomic(state.state_file(name), current)
     if not already:
         log = state.uc_home() / "logs" / f"{name}-delete.log"

@@ -112,7 +112,10 @@ def describe_cluster(state: dict[str, Any], config_url: str, head_node: dict[str
         "scheduler": {"type": "slurm"},
     }
     if status == "CREATE_FAILED":
-        out["failures"] = [failure_for(state.get("failureCode") or "ClusterCreationFailure")]
+        failure = failure_for(state.get("failureCode") or "ClusterCreationFailure")
+        if state.get("failureReason"):
+            failure["failureReason"] = state["failureReason"]
+        out["failures"] = [failure]
     if head_node:
         out["headNode"] = {k: head_node[k] for k in HEAD_NODE_KEYS if head_node.get(k) is not None}
     return out

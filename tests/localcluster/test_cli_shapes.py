@@ -361,3 +361,16 @@ def test_a_cluster_exists_only_in_its_region(make_cluster_config: Callable[..., 
     assert run_pcluster(uc_env, "delete-cluster", "-n", "regional", *elsewhere)[0] == 1
     assert run_pcluster(uc_env, "describe-cluster", "-n", "regional", "-r", REGION)[0] == 0
     delete_and_wait(uc_env, uc_home, "regional")
+
+
+def test_a_dead_create_worker_fails_the_cluster_like_a_timeout(
+        make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
+    config = make_cluster_config(tags={"local-ultracluster:provisioning-delay": "600"})
+    assert run_pcluster(uc_env, "create-cluster", "-n", "killed", "-c", str(config))[0] == 0
+    worker = json.loads((uc_home / "clusters" / "killed" / "cluster.json").read_text())["createWorkerPid"]
+    os.kill(worker, signal.SIGKILL)
+    assert processes_after_exit(f"localcluster.worker create {uc_home}/clusters/killed") == []
+    failed = wait_for_status(uc_env, "killed", {"CREATE_FAILED"})
+    assert failed["failures"] == [{"failureCode": "HeadNodeBootstrapFailure",
+                                   "failureReason": "Cluster creation timed out."}]
+    delete_and_wait(uc_env, uc_home, "killed")
