@@ -239,7 +239,9 @@ def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatc
 
 
 def test_dynamic_node_powers_up_for_a_job_and_down_when_idle(uc_home: UcHome) -> None:
-    cluster = uc_home.provision(spec_dict("rt-dynamic", min_count=0, max_count=1, idletime_min=0.1))
+    # A 3 s boot keeps the powering-up state (#) long enough to be seen by polling on a busy machine.
+    cluster = uc_home.provision(spec_dict("rt-dynamic", min_count=0, max_count=1, idletime_min=0.1,
+                                          faults={"boot_delay": 3.0}))
     node = "compute1-dy-trn1-1"
     assert cluster.node_states() == {node: "idle~"}
     assert [i["nodeType"] for i in cluster.describe()["instances"]] == ["HeadNode"]
@@ -254,7 +256,7 @@ def test_dynamic_node_powers_up_for_a_job_and_down_when_idle(uc_home: UcHome) ->
         if cluster.job_field(job_id, "JobState") == "COMPLETED":
             break
         time.sleep(0.2)
-    assert cluster.job_field(job_id, "JobState") == "COMPLETED"
+    assert cluster.job_field(job_id, "JobState") == "COMPLETED", seen
     assert seen[0] == "idle~"
     assert any(s.endswith("#") for s in seen), seen            # powering up
     assert any(s in ("alloc", "mix") for s in seen), seen        # running on the booted node
