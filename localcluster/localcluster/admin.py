@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from . import state
 from .aws import Aws, region_from_env
-from .worker import pid_alive
+from .worker import pid_alive, worker_alive
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:5055"
 BUCKETS = ("neuron-s3", "ultracluster-artifacts")
@@ -83,17 +83,25 @@ def start_moto(home: Path, endpoint: str) -> int:
     raise AdminError(f"moto_server did not answer on {endpoint} within {MOTO_START_TIMEOUT_S:.0f}s")
 
 
+def _moto_alive(pid: int) -> bool:
+    """pid is still the moto_server we started, not a recycled pid of another program."""
+    try:
+        return pid_alive(pid) and b"moto_server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def stop_moto(home: Path) -> str | None:
     pid_file = moto_pid_file(home)
     if not pid_file.exists():
         return None
     pid = int(json.loads(pid_file.read_text())["pid"])
-    if pid_alive(pid):
+    if _moto_alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while pid_alive(pid) and time.monotonic() < deadline:
+        while _moto_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if pid_alive(pid):
+        if _moto_alive(pid):
             os.kill(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
     return f"moto_server[{pid}]"
@@ -219,7 +227,7 @@ def _stop_workers(home: Path) -> list[str]:
         current = state.read_state(name, home)
         for key in ("createWorkerPid", "deleteWorkerPid", "fleetWorkerPid"):
             pid = current.get(key)
-            if pid and pid_alive(pid):
+            if pid and worker_alive(pid):
                 try:
                     os.killpg(pid, signal.SIGKILL)
                     stopped.append(f"{name}: worker[{pid}]")
@@ -244,12 +252,12 @@ def status(home: Path, endpoint: str) -> dict[str, Any]:
     moto: dict[str, Any] = {"endpoint": endpoint, "answers": loopback and endpoint_answers(endpoint)}
     if moto_pid_file(home).exists():
         pid = json.loads(moto_pid_file(home).read_text())["pid"]
-        moto.update(pid=pid, alive=pid_alive(pid))
+        moto.update(pid=pid, alive=_moto_alive(pid))
     clusters = []
     for name in state.list_cluster_names(home):
         current = state.read_state(name, home)
         workers = {k: current[k] for k in ("createWorkerPid", "deleteWorkerPid", "fleetWorkerPid")
-                   if current.get(k) and pid_alive(current[k])}
+                   if current.get(k) and worker_alive(current[k])}
         clusters.append({"clusterName": name, "cloudFormationStackStatus": current["cloudFormationStackStatus"],
                          "runningWorkers": workers,
                          "provisioned": (state.cluster_dir(name, home) / "runtime.json").exists()})
@@ -263,9 +271,9 @@ def reap(home: Path) -> list[str]:
     for name in state.list_cluster_names(home):
         current = state.read_state(name, home)
         stuck_create = (current["cloudFormationStackStatus"] == "CREATE_IN_PROGRESS"
-                        and not pid_alive(current.get("createWorkerPid")))
+                        and not worker_alive(current.get("createWorkerPid")))
         stuck_delete = (current["cloudFormationStackStatus"] == "DELETE_IN_PROGRESS"
-                        and not pid_alive(current.get("deleteWorkerPid")))
+                        and not worker_alive(current.get("deleteWorkerPid")))
         if stuck_create or stuck_delete:
             teardown(state.cluster_dir(name, home))
             try:

@@ -23,7 +23,7 @@ from . import shapes, state, validate
 from .aws import Aws, NotLoopback, region_from_env
 from .spec import ClusterSpec
 from .spec_builder import build_spec, config_tags, fault_findings
-from .worker import pid_alive, spawn
+from .worker import spawn, worker_alive
 
 CLUSTER_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9-]+$"
 SUPPRESS_PATTERN = "^(ALL|type:[A-Za-z0-9]+)$"
@@ -96,13 +96,13 @@ def _settle_dead_worker(current: dict[str, Any]) -> bool:
     as CloudFormation times out. Workers write their final state before exiting, so this is no race."""
     stack_status = current["cloudFormationStackStatus"]
     if stack_status == "CREATE_IN_PROGRESS" and not current.get("deleteRequested") \
-            and current.get("createWorkerPid") and not pid_alive(current["createWorkerPid"]):
+            and current.get("createWorkerPid") and not worker_alive(current["createWorkerPid"]):
         current.update(cloudFormationStackStatus="ROLLBACK_COMPLETE" if current.get("rollbackOnFailure", True)
                        else "CREATE_FAILED", failureCode="HeadNodeBootstrapFailure",
                        failureReason="Cluster creation timed out.", lastUpdatedTime=shapes.iso_now())
         return True
     if stack_status == "DELETE_IN_PROGRESS" and current.get("deleteWorkerPid") \
-            and not pid_alive(current["deleteWorkerPid"]):
+            and not worker_alive(current["deleteWorkerPid"]):
         current.update(cloudFormationStackStatus="DELETE_FAILED", deleteRequested=False,
                        lastUpdatedTime=shapes.iso_now())
         return True

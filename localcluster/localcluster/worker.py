@@ -60,6 +60,16 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
+def worker_alive(pid: int | None) -> bool:
+    """pid is still one of our workers (not a dead one, nor a recycled pid of another program)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        return b"localcluster.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _names(cluster_dir: Path) -> tuple[str, Path]:
     return cluster_dir.name, cluster_dir.parent.parent
 
@@ -123,9 +133,9 @@ def create(cluster_dir: Path) -> int:
 
 def _wait_for_create_worker(pid: int | None) -> None:
     deadline = time.monotonic() + CREATE_WORKER_EXIT_TIMEOUT_S
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while worker_alive(pid) and time.monotonic() < deadline:
         time.sleep(POLL_S)
-    if pid and pid_alive(pid):
+    if pid and worker_alive(pid):
         LOG.warning("create worker %s still running after %ss; killing its process group", pid,
                     CREATE_WORKER_EXIT_TIMEOUT_S)
         try:
