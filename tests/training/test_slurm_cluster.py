@@ -181,9 +181,9 @@ def test_scancel_then_resubmit_resumes_without_repeating_steps(two_node_cluster,
     killed_log = slurm_log(job_dir, first)
     assert "UC_RESULTS" not in killed_log
     deadline = time.monotonic() + 60
-    while processes_mentioning(f"/output_{first}") and time.monotonic() < deadline:
+    while processes_mentioning(f"{job_dir[1]}/output_{first} ") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert processes_mentioning(f"/output_{first}") == []  # no worker outlives the cancelled job
+    assert processes_mentioning(f"{job_dir[1]}/output_{first} ") == []  # no worker outlives the cancelled job
 
     second = submit(two_node_cluster, job_dir, data_dir, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", STEPS_PER_CKPT="10",
                     RESUME_DIR=f"{job_dir[1]}/output_{first}")
