@@ -110,6 +110,13 @@ def processes_in_uts_of(cluster, daemon: str) -> list[str]:
     return found
 
 
+def raw_cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""   # exited meanwhile
+
+
 def running(pid: str) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -146,8 +153,7 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     agent_log = (cluster.dir / "log" / "agent.log").read_text()
     assert "sshd" in agent_log and "restarted" in agent_log
 
-    left_behind = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
-                   if b"sleep\x00300" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    left_behind = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if b"sleep\x00300" in raw_cmdline(pid)]
     assert left_behind
     cluster.teardown()
     assert_cluster_gone(cluster)
