@@ -121,7 +121,6 @@ JOB_DIR = "{{ params.shared_storage_mount_dir }}/ultracluster/{{ dag.dag_id }}/{
 DATA_ROOT = "{{ params.shared_storage_mount_dir }}/examples_datasets"
 COMPILE_CACHE_DIR = "{{ params.shared_storage_mount_dir }}/neuron-compile-cache"
 CLUSTER_NAME = "{{ ti.xcom_pull(task_ids='render_config')['cluster_name'] }}"
-RESULTS_S3_URI = "{{ params.artifacts_s3_uri.rstrip('/') }}/{{ dag.dag_id }}/{{ safe_run_id(run_id) }}"
 
 JOB_ENV = {
     "SCALING_MODE": "{{ params.scaling_mode }}",
@@ -260,7 +259,7 @@ with DAG(
         task_id="collect_results",
         head_node=wait_for_fleet.output,
         train=train.output,
-        artifacts_s3_uri=RESULTS_S3_URI,
+        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",  # + results/<dag_id>/<run_id>/
         aws_conn_id=AWS_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,
         outlets=[RESULTS_ASSET],
