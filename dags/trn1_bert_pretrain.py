@@ -110,6 +110,10 @@ PARAMS = {
         description=f"Multi-queue clusters: more Slurm queues next to '{TRAINING_QUEUE}' (training always runs there). "
                     'Example: [{"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4}].',
     ),
+    "extra_job_env": Param(PROFILE["extra_job_env"], type="object", additionalProperties={"type": "string"},
+                           propertyNames={"pattern": r"^[A-Z_][A-Z0-9_]*$"},
+                           description="More environment variables for the compile and training jobs "
+                                       "(e.g. TORCH_NUM_THREADS, NEURON_CC_FLAGS). They never override the pipeline's own."),
     "cluster_name": Param(None, type=["null", "string"], pattern=r"^[A-Za-z][A-Za-z0-9-]{0,39}$",
                           description="Optional cluster name; default derived from the run id. A cluster of another run is never adopted."),
     "extra_tags": Param(PROFILE["extra_tags"], type="object", additionalProperties={"type": "string"},
@@ -233,6 +237,7 @@ with DAG(
         job_dir=JOB_DIR,
         num_nodes="{{ params.num_nodes }}",
         job_env=JOB_ENV,
+        extra_job_env="{{ params.extra_job_env }}",
         launcher="neuron_parallel_compile",
         training_files_dir=str(include_dir() / "training"),
         job_name="{{ dag.dag_id }}-compile",
@@ -247,6 +252,7 @@ with DAG(
         job_dir=JOB_DIR,
         num_nodes="{{ params.num_nodes }}",
         job_env=JOB_ENV,
+        extra_job_env="{{ params.extra_job_env }}",
         launcher=None,
         training_files_dir=str(include_dir() / "training"),
         job_name="{{ dag.dag_id }}-train",

@@ -141,6 +141,16 @@ def test_fresh_submit_copies_files_stores_id_and_defers(training_dir):
     assert deferred.value.method_name == "execute_complete"
 
 
+def test_extra_job_env_adds_knobs_but_never_overrides_the_contract(training_dir):
+    replay = ReplayHeadNode(squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[recorded("sbatch_mix")])
+    op = operator(replay, training_dir, extra_job_env={"TORCH_NUM_THREADS": "1", "SCALING_MODE": "weak"})
+    with pytest.raises(TaskDeferred):
+        op.execute(context(DictStore()))
+    argv = replay.calls[-1].argv
+    assert "TORCH_NUM_THREADS=1" in argv
+    assert "SCALING_MODE=strong" in argv and "SCALING_MODE=weak" not in argv
+
+
 def test_reattaches_by_name_without_submitting(training_dir):
     name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     replay = ReplayHeadNode(squeue=[CommandResult(0, squeue_line("40", name, "FAILED").stdout + squeue_line("41", name, "RUNNING").stdout, "")])

@@ -45,6 +45,8 @@ class SlurmJobOperator(BaseOperator):
     :param job_dir: job directory on shared storage; the training files are copied here.
     :param num_nodes: nodes for the job.
     :param job_env: environment for the run script (training job contract).
+    :param extra_job_env: more variables for the job (tuning knobs such as TORCH_NUM_THREADS or
+        NEURON_CC_FLAGS); they never override a ``job_env`` key.
     :param launcher: program srun runs the script under (``neuron_parallel_compile``); when it is
         missing on the node the script runs with ``launcher_fallback_env`` instead.
     :param training_files_dir: local directory (include/training) copied into ``job_dir``.
@@ -62,6 +64,7 @@ class SlurmJobOperator(BaseOperator):
         "job_dir",
         "num_nodes",
         "job_env",
+        "extra_job_env",
         "launcher",
         "training_files_dir",
         "job_name",
@@ -76,6 +79,7 @@ class SlurmJobOperator(BaseOperator):
         job_dir: str,
         num_nodes: int | str,
         job_env: Mapping[str, str] | None = None,
+        extra_job_env: Mapping[str, str] | str | None = None,
         launcher: str | None = None,
         training_files_dir: str | None = None,
         job_name: str | None = None,
@@ -95,6 +99,7 @@ class SlurmJobOperator(BaseOperator):
         self.job_dir = job_dir
         self.num_nodes = num_nodes
         self.job_env = dict(job_env or {})
+        self.extra_job_env = extra_job_env if extra_job_env is not None else {}  # may be a template
         self.launcher = launcher
         self.training_files_dir = training_files_dir
         self.job_name = job_name
@@ -140,7 +145,11 @@ class SlurmJobOperator(BaseOperator):
             raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
         if not posixpath.isabs(self.job_dir):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
-        self.job_env = {str(k): str(v) for k, v in self.job_env.items()}
+        if not isinstance(self.extra_job_env, Mapping):
+            raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
+        # The contract's variables win: extra_job_env only adds knobs.
+        merged = {**self.extra_job_env, **self.job_env}
+        self.job_env = {str(k): str(v) for k, v in merged.items()}
         self.job_env.setdefault("OUTPUT_ROOT", self.job_dir)
         # Building the command validates env names and values without running anything.
         self._sbatch_args("validate", "validate")
