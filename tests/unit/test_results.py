@@ -139,7 +139,9 @@ def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
         scaling_mode="strong", outlets=[asset],
     )
     events = OutletEvents()
-    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00", task_id="collect_results")
+    pushed = {}
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00", task_id="collect_results",
+                         xcom_push=lambda key, value: pushed.__setitem__(key, value))
     metrics = op.execute({"ti": ti, "outlet_events": events})
 
     prefix = "results/trn1_bert_pretrain/manual__2026-11-30T08:00:00+00:00/"
@@ -151,6 +153,10 @@ def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
     assert metrics["final_loss"] == 9.1 and metrics["nodes"] == 2 and metrics["job_id"] == "7"
     assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/{prefix}"
     assert events[asset].extra["final_loss"] == 9.1
+    # The "Results (S3)" extra link points at the prefix this task filled.
+    from ultracluster.links import S3ResultsLink
+    link = S3ResultsLink().format_link(**pushed[S3ResultsLink.key])
+    assert "ultracluster-artifacts" in link and "prefix=results/trn1_bert_pretrain/" in link
     out = capsys.readouterr().out
     assert "Final loss" in out and "Signature=" not in out
     assert all("Signature=" not in c.shell for c in head.commands)

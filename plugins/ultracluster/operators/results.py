@@ -20,6 +20,7 @@ from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
 
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.links import S3ResultsLink
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -164,6 +165,7 @@ class CollectResultsOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode")
     ui_color = "#e8daef"
+    operator_extra_links = (S3ResultsLink(),)
 
     def __init__(
         self,
@@ -239,6 +241,7 @@ class CollectResultsOperator(BaseOperator):
         finally:
             self._pid_file = None
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
+        S3ResultsLink.persist(context=context, region_name=s3.conn_region_name, bucket=bucket, prefix=prefix)
 
         self.log.info("Training results (job %s):\n%s", metrics["job_id"], summary_table(metrics))
         for asset in self.outlets or []:
