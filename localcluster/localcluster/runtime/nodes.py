@@ -80,6 +80,7 @@ class NodeState:
     uts_ns: int | None = None
     instance_id: str | None = None
     launch_time: str | None = None
+    requested_at: float | None = None   # epoch of the power-up request (ResumeProgram)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,6 +16,9 @@ from .runtime_state import cluster_paths, find_node, load_runtime
 from .slurmcmd import expand_hostlist, set_node_state
 
 ICE_REASON = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
+# slurmctld ignores a resumed node whose boot time (whole seconds) is not after the power-up request,
+# and a time namespace cannot make uptime start below its current fraction: boot at least this late.
+MIN_BOOT_S = 2.0
 
 
 def clear_signal_mask() -> None:
@@ -45,7 +48,7 @@ def resume(paths: ClusterPaths, hostlist: str) -> None:
             continue
         log(paths, f"resume {name}: booting")
         write_node_state(paths, NodeState(name=name, state="booting", instance_id=new_instance_id(),
-                                          launch_time=utc_now_iso()))
+                                          launch_time=utc_now_iso(), requested_at=time.time()))
         # Boot in the background: slurmctld waits for ResumeProgram, not for the node.
         subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -55,7 +58,8 @@ def resume(paths: ClusterPaths, hostlist: str) -> None:
 def boot(paths: ClusterPaths, name: str) -> None:
     runtime = load_runtime(paths)
     booting = read_node_state(paths, name)
-    time.sleep(float(runtime["faults"].get("boot_delay") or 0))
+    boot_s = max(float(runtime["faults"].get("boot_delay") or 0), MIN_BOOT_S)
+    time.sleep(max(0.0, (booting.requested_at or time.time()) + boot_s - time.time()))
     if read_node_state(paths, name).state != "booting":
         return   # suspended or torn down while booting
     state = start_slurmd(paths, name, runtime["mount_dirs"], fresh_boot=True)
