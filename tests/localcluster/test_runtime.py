@@ -168,10 +168,12 @@ def uc_home() -> Iterator[UcHome]:
         subprocess.run([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime", "stop-everything", str(path)],
                        env=env, capture_output=True, timeout=120)
         keep = os.environ.get("UC_TEST_KEEP_LOGS")   # a dir to copy cluster logs to, for debugging
-        if keep and (path / "clusters").is_dir():
-            shutil.copytree(path / "clusters", Path(keep) / path.name, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("shared", "spool"))
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            if keep and (path / "clusters").is_dir():
+                shutil.copytree(path / "clusters", Path(keep) / path.name, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("shared", "spool"))
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, conn_retry_attempts: int = 3):
