@@ -27,7 +27,7 @@ demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a 
 	@bash scripts/demo.sh
 
 test: setup  ## run the whole test suite (starts and stops its own daemons)
-	@$(VENVS)/airflow/bin/python -m pytest $(PYTEST_ARGS)
+	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest $(PYTEST_ARGS)
 
 lock:  ## re-resolve the pins into the lock files
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock
