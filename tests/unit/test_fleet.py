@@ -18,7 +18,7 @@ from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError
 from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor
 from ultracluster.triggers import fleet as fleet_module
-from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, evaluate_cluster
+from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, cluster_identity, evaluate_cluster
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedAtFirstContact"
@@ -166,20 +166,43 @@ def test_missing_cluster_fails():
 
 
 def test_known_host_key_is_not_fetched_again(first_contact):
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY)
+    identity = cluster_identity(described("create_complete"))
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY, host_key_cluster=identity)
     assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == READY
     assert first_contact == []
 
 
+def recreated(description: dict) -> dict:
+    """The same cluster name built again (a cleared setup in the same run): new stack, new head node."""
+    again = copy.deepcopy(description)
+    again["cloudformationStackArn"] = again["cloudformationStackArn"].replace("1234abcd", "99990000")
+    again["creationTime"] = "2026-11-30T09:30:00.000Z"
+    again["headNode"]["instanceId"] = "i-0fedcba0987654321"
+    return again
+
+
+def test_key_pinned_for_an_earlier_cluster_of_the_name_is_not_reused(first_contact):
+    old = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeyOfTheDeletedCluster"
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), num_nodes=1, host_key=old,
+                           host_key_cluster=cluster_identity(described("create_complete")))
+    verdict, reason, head = asyncio.run(trigger.check_once(FakePcluster(recreated(described("create_complete")))))
+    assert verdict == READY, reason
+    assert first_contact == [("198.51.100.44", 2222)]
+    assert head["host_key"] == HOST_KEY and trigger._seen_head["host_key"] == HOST_KEY
+    assert trigger.host_key_cluster == cluster_identity(recreated(described("create_complete")))
+    assert trigger.host_key_cluster != cluster_identity(described("create_complete"))
+
+
 def test_trigger_run_waits_then_fires(first_contact):
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), region_name="eu-west-1")
     pcluster = FakePcluster(described("create_in_progress"), described("create_in_progress"), described("create_complete"))
+    hook_kwargs = []
 
     async def first():
         import ultracluster.hooks.parallelcluster as pc
 
         original = pc.ParallelClusterHook
-        pc.ParallelClusterHook = lambda **_: pcluster
+        pc.ParallelClusterHook = lambda **kwargs: (hook_kwargs.append(kwargs), pcluster)[1]
         try:
             async for event in trigger.run():
                 return event.payload
@@ -188,12 +211,16 @@ def test_trigger_run_waits_then_fires(first_contact):
 
     event = asyncio.run(first())
     assert event["status"] == "success" and event["head_node"]["host_key"] == HOST_KEY
+    assert event["host_key_cluster"] == cluster_identity(described("create_complete"))
+    assert hook_kwargs == [{"pcluster_conn_id": "pcluster_default", "region_name": "eu-west-1"}]
 
 
 def test_trigger_serialize_round_trip():
     trigger = ComputeFleetTrigger(cluster_name="c", num_nodes=2, partition="compute1", pcluster_conn_id="p",
-                                  ssh_conn_id="s", ssh_port=2222, host_key=HOST_KEY, poke_interval=5)
+                                  ssh_conn_id="s", ssh_port=2222, host_key=HOST_KEY, host_key_cluster="arn|t|i",
+                                  poke_interval=5, region_name="eu-west-1")
     classpath, kwargs = trigger.serialize()
+    assert kwargs["region_name"] == "eu-west-1" and kwargs["host_key_cluster"] == "arn|t|i"
     module, _, name = classpath.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     assert cls(**kwargs).serialize() == (classpath, kwargs)
@@ -218,20 +245,31 @@ def ssh_conn(monkeypatch):
 
 
 def test_sensor_defers_with_stored_host_key(ssh_conn):
-    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2, timeout=600)
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2, timeout=600,
+                                region_name="eu-west-1")
+    assert "region_name" in sensor.template_fields
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(ctx(DictStore({STATE_KEY_HOST_KEY: {"host_key": HOST_KEY, "cluster": "arn|t|i"}})))
+    trigger = deferred.value.trigger
+    assert trigger.host_key == HOST_KEY and trigger.host_key_cluster == "arn|t|i"
+    assert trigger.ssh_port == 2222 and trigger.num_nodes == 2 and trigger.region_name == "eu-west-1"
+    assert deferred.value.timeout.total_seconds() == 600
+
+
+def test_sensor_drops_a_stored_key_without_cluster_identity(ssh_conn):
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(ctx(DictStore({STATE_KEY_HOST_KEY: HOST_KEY})))
-    trigger = deferred.value.trigger
-    assert trigger.host_key == HOST_KEY and trigger.ssh_port == 2222 and trigger.num_nodes == 2
-    assert deferred.value.timeout.total_seconds() == 600
+    assert deferred.value.trigger.host_key is None and deferred.value.trigger.region_name is None
 
 
 def test_sensor_complete_returns_head_node_and_keeps_key():
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
     store = DictStore()
     head = {"cluster_name": "uc-run1", "address": "127.100.1.1", "host_key": HOST_KEY, "partition": "compute1"}
-    assert sensor.execute_complete(ctx(store), {"status": "success", "head_node": head, "message": "ok"}) == head
-    assert store[STATE_KEY_HOST_KEY] == HOST_KEY
+    event = {"status": "success", "head_node": head, "message": "ok", "host_key": HOST_KEY, "host_key_cluster": "arn|t|i"}
+    assert sensor.execute_complete(ctx(store), event) == head
+    assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": "arn|t|i"}
     with pytest.raises(AirflowException, match="PROTECTED"):
         sensor.execute_complete(ctx(store), {"status": "failed", "message": "Compute fleet of x is PROTECTED"})
 

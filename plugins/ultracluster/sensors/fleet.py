@@ -18,7 +18,8 @@ from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-# Task state store key: the host key from first contact survives retries of this sensor.
+# Task state store key: the host key from first contact survives retries of this sensor, stored as
+# {"host_key", "cluster"}: the key is reused only for that same cluster (triggers.fleet.cluster_identity).
 STATE_KEY_HOST_KEY = "head_node_host_key"
 
 
@@ -31,9 +32,10 @@ class ComputeFleetSensor(BaseSensorOperator):
     :param pcluster_conn_id: ParallelClusterHook connection.
     :param ssh_conn_id: SSH connection of the head node (user, key, port).
     :param deferrable: wait in the triggerer (BaseSensorOperator in 3.3 has no such argument).
+    :param region_name: AWS region of the cluster (None: the pcluster connection's).
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition")
+    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name")
     ui_color = "#e8f8f5"
 
     def __init__(
@@ -47,16 +49,18 @@ class ComputeFleetSensor(BaseSensorOperator):
         poke_interval: float = 30,
         timeout: float = 3600,
         deferrable: bool = True,
+        region_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.region_name = region_name
         self.cluster_name = cluster_name
         self.num_nodes = num_nodes
         self.partition = partition
         self.pcluster_conn_id = pcluster_conn_id
         self.ssh_conn_id = ssh_conn_id
         self.deferrable = deferrable
-        self._host_key: str | None = None
+        self._pin: dict[str, Any] | None = None  # {"host_key", "cluster"}
 
     def _validate(self) -> None:
         try:
@@ -77,7 +81,9 @@ class ComputeFleetSensor(BaseSensorOperator):
         from ultracluster.triggers.fleet import ComputeFleetTrigger
 
         store = context.get("task_state_store")
-        host_key = self._host_key or (store.get(STATE_KEY_HOST_KEY) if store is not None else None)
+        pin = self._pin or (store.get(STATE_KEY_HOST_KEY) if store is not None else None)
+        # An older plain-string value has no cluster identity: it cannot be matched, so it is dropped.
+        pin = pin if isinstance(pin, dict) else {}
         return ComputeFleetTrigger(
             cluster_name=self.cluster_name,
             num_nodes=int(self.num_nodes),
@@ -85,8 +91,10 @@ class ComputeFleetSensor(BaseSensorOperator):
             pcluster_conn_id=self.pcluster_conn_id,
             ssh_conn_id=self.ssh_conn_id,
             ssh_port=self._ssh_port(),
-            host_key=host_key,
+            host_key=pin.get("host_key"),
+            host_key_cluster=pin.get("cluster"),
             poke_interval=self.poke_interval,
+            region_name=self.region_name or None,
         )
 
     def execute(self, context: Context) -> Any:
@@ -106,27 +114,30 @@ class ComputeFleetSensor(BaseSensorOperator):
 
         trigger = self._trigger(context)
         verdict, reason, head_node = asyncio.run(
-            trigger.check_once(ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id))
+            trigger.check_once(
+                ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name or None)
+            )
         )
-        self._remember_host_key(context, trigger.host_key)
+        self._remember_host_key(context, trigger.host_key, trigger.host_key_cluster)
         if verdict == FAIL:
             raise AirflowException(reason)
         self.log.info("%s", reason)
         return PokeReturnValue(is_done=verdict == READY, xcom_value=head_node)
 
-    def _remember_host_key(self, context: Context, host_key: str | None) -> None:
-        if host_key and host_key != self._host_key:
-            self._host_key = host_key
+    def _remember_host_key(self, context: Context, host_key: str | None, cluster: str | None) -> None:
+        pin = {"host_key": host_key, "cluster": cluster}
+        if host_key and pin != self._pin:
+            self._pin = pin
             store = context.get("task_state_store")
             if store is not None:
-                store.set(STATE_KEY_HOST_KEY, host_key)
+                store.set(STATE_KEY_HOST_KEY, pin)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "success":
-            self._remember_host_key(context, event.get("host_key"))
+            self._remember_host_key(context, event.get("host_key"), event.get("host_key_cluster"))
             raise AirflowException(event.get("message") or f"wait_for_fleet failed: {event}")
         head_node = event["head_node"]
-        self._remember_host_key(context, head_node.get("host_key"))
+        self._remember_host_key(context, head_node.get("host_key"), event.get("host_key_cluster"))
         self.log.info(
             "Cluster %s ready: head node %s, partition %s. %s",
             head_node["cluster_name"],

@@ -8,7 +8,8 @@ It fails fast, with the reason, when waiting cannot help: CREATE_FAILED (failure
 PROTECTED or stopped fleets, or too few usable nodes (down, drained) in the partition.
 
 First contact: without a pinned host key the trigger reads the head node's key once (asyncssh),
-then uses it for every later connection and returns it in its event.
+then uses it for every later connection and returns it in its event. A key is pinned for one
+cluster identity (``cluster_identity``): a cluster rebuilt under the same name gets a new first contact.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def evaluate_cluster(description: dict[str, Any]) -> tuple[str, str]:
     return READY, f"cluster {name} is {status}, compute fleet RUNNING"
 
 
+def cluster_identity(description: dict[str, Any]) -> str:
+    """What tells one creation of a cluster from a later one of the same name (the stack ARN holds a
+    per-stack UUID; creation time and head node instance are there in case it is missing)."""
+    from ultracluster.parsers.pcluster import stack_arn
+
+    head = description.get("headNode") or {}
+    parts = (stack_arn(description), description.get("creationTime"), head.get("instanceId"))
+    return "|".join(str(part or "") for part in parts)
+
+
 def evaluate_capacity(capacity) -> tuple[str, str]:
     """(verdict, reason) for a ``parsers.slurm.PartitionCapacity``."""
     if capacity.ready:
@@ -93,7 +104,10 @@ class ComputeFleetTrigger(BaseTrigger):
     :param ssh_conn_id: SSH connection (user, key) of the head node.
     :param ssh_port: port sshd listens on (from the SSH connection).
     :param host_key: pinned key, when an earlier try already made first contact.
+    :param host_key_cluster: ``cluster_identity`` of the cluster ``host_key`` was pinned for; the key
+        is used only while describe-cluster reports that same identity.
     :param poke_interval: seconds between checks.
+    :param region_name: AWS region for ParallelClusterHook (None: the connection's).
     """
 
     def __init__(
@@ -106,7 +120,9 @@ class ComputeFleetTrigger(BaseTrigger):
         ssh_conn_id: str,
         ssh_port: int = 22,
         host_key: str | None = None,
+        host_key_cluster: str | None = None,
         poke_interval: float = 30,
+        region_name: str | None = None,
     ) -> None:
         super().__init__()
         self.cluster_name = cluster_name
@@ -116,7 +132,9 @@ class ComputeFleetTrigger(BaseTrigger):
         self.ssh_conn_id = ssh_conn_id
         self.ssh_port = int(ssh_port)
         self.host_key = host_key
+        self.host_key_cluster = host_key_cluster
         self.poke_interval = float(poke_interval)
+        self.region_name = region_name or None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -129,7 +147,9 @@ class ComputeFleetTrigger(BaseTrigger):
                 "ssh_conn_id": self.ssh_conn_id,
                 "ssh_port": self.ssh_port,
                 "host_key": self.host_key,
+                "host_key_cluster": self.host_key_cluster,
                 "poke_interval": self.poke_interval,
+                "region_name": self.region_name,
             },
         )
 
@@ -154,11 +174,17 @@ class ComputeFleetTrigger(BaseTrigger):
         if verdict != READY:
             return verdict, reason, None
         address = head_node_address(description)
+        identity = cluster_identity(description)
+        if self.host_key is not None and self.host_key_cluster != identity:
+            # Pinned for an earlier cluster of this name (a cleared setup rebuilt it): not this one's key.
+            self.log.info("Cluster %s was recreated (%s); making first contact again", self.cluster_name, identity)
+            self.host_key = None
         if self.host_key is None:
             try:
                 self.host_key = await afetch_host_key(address, self.ssh_port)
             except (TimeoutError, OSError) as err:
                 return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
+            self.host_key_cluster = identity
             self.log.info("Pinned head node %s host key %s", address, self.host_key[:40] + "...")
         head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
         slurm = self._slurm(head_node)
@@ -177,11 +203,14 @@ class ComputeFleetTrigger(BaseTrigger):
         head_node["partition"] = capacity.partition
         return verdict, reason, head_node if verdict == READY else None
 
+    def _pin(self) -> dict[str, Any]:
+        return {"host_key": self.host_key, "host_key_cluster": self.host_key_cluster}
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from ultracluster.hooks.parallelcluster import ParallelClusterHook
         from ultracluster.parsers.pcluster import PclusterError
 
-        pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id)
+        pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
         last_reason = None
         while True:
             try:
@@ -190,15 +219,13 @@ class ComputeFleetTrigger(BaseTrigger):
                 verdict, reason, head_node = WAIT, f"describe-cluster failed: {err}", None
             except Exception as err:
                 self.log.exception("Compute fleet trigger failed")
-                yield TriggerEvent(
-                    {"status": "failed", "message": f"{type(err).__name__}: {err}", "host_key": self.host_key}
-                )
+                yield TriggerEvent({"status": "failed", "message": f"{type(err).__name__}: {err}", **self._pin()})
                 return
             if verdict == READY:
-                yield TriggerEvent({"status": "success", "message": reason, "head_node": head_node})
+                yield TriggerEvent({"status": "success", "message": reason, "head_node": head_node, **self._pin()})
                 return
             if verdict == FAIL:
-                yield TriggerEvent({"status": "failed", "message": reason, "host_key": self.host_key})
+                yield TriggerEvent({"status": "failed", "message": reason, **self._pin()})
                 return
             if reason != last_reason:
                 self.log.info("Waiting: %s", reason)
