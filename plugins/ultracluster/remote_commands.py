@@ -105,6 +105,7 @@ def squeue_by_name(job_name: str) -> RemoteCommand:
 
 
 def squeue_job(job_id: str | int) -> RemoteCommand:
+    """The job with this id (live or recently finished): its name and comment say whose it is."""
     return _from_argv(
         "squeue", "--noheader", "--states", _ALL_STATES, "--jobs", _check_job_id(job_id), "--format", SQUEUE_FORMAT
     )
@@ -115,18 +116,15 @@ def scontrol_show_job(job_id: str | int) -> RemoteCommand:
     return _from_argv("scontrol", "--oneliner", "show", "job", _check_job_id(job_id))
 
 
-def sacct_job(job_id: str | int) -> RemoteCommand:
-    """Final state from accounting; fails with "accounting storage is disabled" without slurmdbd."""
-    return _from_argv(
-        "sacct",
-        "--noheader",
-        "--parsable2",
-        "--allocations",
-        "--jobs",
-        _check_job_id(job_id),
-        "--format",
-        "JobID,JobName,State,ExitCode",
-    )
+def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
+    """Final state from accounting; fails with "accounting storage is disabled" without slurmdbd.
+
+    With ``job_name`` only a job of that id AND name is listed (a rebuilt cluster reuses ids).
+    """
+    argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", _check_job_id(job_id)]
+    if job_name:
+        argv += ["--name", job_name]
+    return _from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
 
 
 def scancel(job_id: str | int) -> RemoteCommand:
@@ -135,6 +133,10 @@ def scancel(job_id: str | int) -> RemoteCommand:
 
 def job_exit_marker_path(job_dir: str, job_id: str | int) -> str:
     return f"{job_dir.rstrip('/')}/slurm-{_check_job_id(job_id)}.exit"
+
+
+def job_name_marker_path(job_dir: str, job_id: str | int) -> str:
+    return f"{job_dir.rstrip('/')}/slurm-{_check_job_id(job_id)}.name"
 
 
 def sbatch(
@@ -157,8 +159,9 @@ def sbatch(
     environment to the job, and unlike ``--export=ALL,NAME=value`` a value may contain commas.
     When ``launcher`` is given but missing on the batch node (``command -v``), the script runs
     without it and with ``launcher_fallback_env`` added (the script's own compile-only mode).
-    The wrap records srun's exit code next to the Slurm log so the final state is known even
-    after slurmctld forgot the job and there is no accounting.
+    The wrap records the job name (``slurm-<jobid>.name``) and srun's exit code
+    (``slurm-<jobid>.exit``) next to the Slurm log so the final state, and whose job it was, are
+    known even after slurmctld forgot the job and there is no accounting.
     """
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -180,7 +183,9 @@ def sbatch(
     else:
         run = srun_plain
     exit_marker = shlex.quote(job_dir.rstrip("/")) + '/slurm-"$SLURM_JOB_ID".exit'
-    wrap = f'{run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
+    # The name tells whose exit marker it is once job ids repeat (a rebuilt cluster restarts at 1).
+    name_marker = shlex.quote(job_dir.rstrip("/")) + '/slurm-"$SLURM_JOB_ID".name'
+    wrap = f'echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
 
     argv = [
         "sbatch",

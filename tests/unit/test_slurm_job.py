@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +97,24 @@ def context(store=None):
 
 
 OK = CommandResult(0, "", "")
+RUN_ID = "manual__2026-11-30T08:00:00+00:00"
+TRAIN_NAME = rc.slurm_job_name("trn1_bert_pretrain", RUN_ID, "train")
+COMPILE_NAME = rc.slurm_job_name("trn1_bert_pretrain", RUN_ID, "parallel_compile")
+# slurmctld no longer knows the id (squeue prints what scontrol prints for it)
+SQUEUE_UNKNOWN = CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified\n")
+
+
+def job_of(fixture: str, name: str = TRAIN_NAME, run_id: str = RUN_ID) -> CommandResult:
+    """A recorded scontrol record as if the job had been submitted under ``name`` for ``run_id``."""
+    result = recorded(fixture)
+    out = re.sub(r"JobName=\S+", f"JobName={name}", result.stdout, count=1)
+    out = re.sub(r"Comment=\S+", f"Comment=ultracluster run_id={run_id}", out, count=1)
+    assert name in out
+    return CommandResult(result.exit_status, out, result.stderr)
+
+
+def queued(job_id: str, state: str, name: str = TRAIN_NAME, run_id: str = RUN_ID) -> CommandResult:
+    return CommandResult(0, f"{job_id}|{name}|{state}|None|compute1-st-trn1-1|ultracluster run_id={run_id}\n", "")
 
 
 @pytest.fixture
@@ -162,13 +181,13 @@ def test_reattaches_by_name_without_submitting(training_dir):
 
 
 def test_log_offset_is_carried_only_for_the_same_job(training_dir):
-    replay = ReplayHeadNode(scontrol=[recorded("scontrol_running")])
+    replay = ReplayHeadNode(squeue=[queued("1", "RUNNING")], scontrol=[job_of("scontrol_running")])
     store = DictStore(**{STATE_KEY_JOB_ID: "1", "slurm_log_offset": {"job_id": "1", "offset": 512}})
     with pytest.raises(TaskDeferred) as deferred:
         operator(replay, training_dir).execute(context(store))
     assert deferred.value.trigger.log_offset == 512
-    replay = ReplayHeadNode(scontrol=[recorded("scontrol_failed")], squeue=[recorded("squeue_none")], mkdir=[OK],
-                            sbatch=[CommandResult(0, "99\n", "")])
+    replay = ReplayHeadNode(scontrol=[job_of("scontrol_failed")], squeue=[queued("4", "FAILED"), recorded("squeue_none")],
+                            mkdir=[OK], sbatch=[CommandResult(0, "99\n", "")])
     store = DictStore(**{STATE_KEY_JOB_ID: "4", "slurm_log_offset": {"job_id": "4", "offset": 512}})
     with pytest.raises(TaskDeferred) as deferred:
         operator(replay, training_dir).execute(context(store))
@@ -176,15 +195,55 @@ def test_log_offset_is_carried_only_for_the_same_job(training_dir):
 
 
 def test_reattaches_to_stored_running_job(training_dir):
-    replay = ReplayHeadNode(scontrol=[recorded("scontrol_running")])
+    replay = ReplayHeadNode(squeue=[queued("1", "RUNNING")], scontrol=[job_of("scontrol_running")])
     with pytest.raises(TaskDeferred) as deferred:
         operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "1"})))
-    assert replay.programs() == ["scontrol"]
+    assert replay.programs() == ["squeue", "scontrol"]
+    assert replay.calls[0].argv[replay.calls[0].argv.index("--jobs") + 1] == "1"
     assert deferred.value.trigger.job_id == "1"
 
 
+def test_stored_id_now_naming_another_job_is_not_reattached(training_dir):
+    """A rebuilt cluster restarts job ids: stored id 1 (train, old cluster) is now the new cluster's
+    finished compile job. It must not be taken for train's own result."""
+    replay = ReplayHeadNode(
+        squeue=[queued("1", "COMPLETED", name=COMPILE_NAME), recorded("squeue_none")],
+        scontrol=[job_of("scontrol_completed", name=COMPILE_NAME)],
+        mkdir=[OK], sbatch=[CommandResult(0, "2\n", "")],
+    )
+    store = DictStore(**{STATE_KEY_JOB_ID: "1"})
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(replay, training_dir).execute(context(store))
+    assert replay.programs().count("sbatch") == 1
+    assert deferred.value.trigger.job_id == "2" and store.values[STATE_KEY_JOB_ID] == "2"
+
+
+def test_stored_id_of_another_runs_job_is_not_reattached(training_dir):
+    """Same name but another run id in the comment (squeue shows it): not this task's job."""
+    replay = ReplayHeadNode(squeue=[queued("1", "RUNNING", run_id="manual__other"), recorded("squeue_none")],
+                            mkdir=[OK], sbatch=[CommandResult(0, "2\n", "")])
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "1"})))
+    assert deferred.value.trigger.job_id == "2"
+
+
+def test_forgotten_stored_id_with_another_jobs_exit_marker_is_not_reattached(training_dir):
+    """slurmctld forgot the id, no slurmdbd, and slurm-1.exit in the shared job dir is the compile job's."""
+    replay = ReplayHeadNode(
+        squeue=[SQUEUE_UNKNOWN, recorded("squeue_none")], scontrol=[recorded("scontrol_unknown_job")],
+        sacct=[recorded("sacct_no_dbd")],
+        read=[CommandResult(0, "0\n", ""), CommandResult(0, f"{COMPILE_NAME}\n", "")],
+        mkdir=[OK], sbatch=[CommandResult(0, "2\n", "")],
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "1"})))
+    assert deferred.value.trigger.job_id == "2"
+    sacct = next(c for c in replay.calls if program(c) == "sacct")
+    assert sacct.argv[sacct.argv.index("--name") + 1] == TRAIN_NAME  # accounting asked for this name only
+
+
 def test_stored_completed_job_is_not_resubmitted(training_dir):
-    replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")])
+    replay = ReplayHeadNode(squeue=[queued("3", "COMPLETED")], scontrol=[job_of("scontrol_completed")])
     with pytest.raises(TaskDeferred) as deferred:
         operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "3"})))
     assert "sbatch" not in replay.programs()
@@ -193,7 +252,7 @@ def test_stored_completed_job_is_not_resubmitted(training_dir):
 
 def test_stored_failed_job_leads_to_one_new_submission(training_dir):
     replay = ReplayHeadNode(
-        scontrol=[recorded("scontrol_failed")], squeue=[recorded("squeue_none")], mkdir=[OK],
+        scontrol=[job_of("scontrol_failed")], squeue=[queued("4", "FAILED"), recorded("squeue_none")], mkdir=[OK],
         sbatch=[CommandResult(0, "99\n", "")],
     )
     store = DictStore(**{STATE_KEY_JOB_ID: "4"})
@@ -206,12 +265,14 @@ def test_stored_failed_job_leads_to_one_new_submission(training_dir):
 def test_stored_job_forgotten_by_slurm_uses_exit_marker(training_dir):
     """scontrol forgot it (MinJobAge), no slurmdbd: the exit marker says it succeeded: reattach."""
     replay = ReplayHeadNode(
-        scontrol=[recorded("scontrol_unknown_job")], sacct=[recorded("sacct_no_dbd")], read=[CommandResult(0, "0\n", "")],
+        squeue=[SQUEUE_UNKNOWN], scontrol=[recorded("scontrol_unknown_job")], sacct=[recorded("sacct_no_dbd")],
+        read=[CommandResult(0, "0\n", ""), CommandResult(0, f"{TRAIN_NAME}\n", "")],
     )
     with pytest.raises(TaskDeferred):
         operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "5"})))
-    assert replay.programs() == ["scontrol", "sacct", "read"]
-    assert replay.calls[-1].description == "read /fsx/jobs/run1/train/slurm-5.exit"
+    assert replay.programs() == ["squeue", "scontrol", "sacct", "read", "read"]
+    assert [c.description for c in replay.calls[-2:]] == [
+        "read /fsx/jobs/run1/train/slurm-5.exit", "read /fsx/jobs/run1/train/slurm-5.name"]
 
 
 def test_sbatch_refusal_is_a_clear_error(training_dir):

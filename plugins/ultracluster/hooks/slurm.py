@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ class JobStatus:
     signal: int | None
     reason: str | None
     source: str  # "scontrol", "sacct" or "exit_marker"
+    name: str | None = None  # the job name, when the source reports it
+
 
     @property
     def terminal(self) -> bool:
@@ -76,17 +79,18 @@ def _status_from_scontrol(job_id: str, result: CommandResult) -> JobStatus | Non
             return None
         raise SlurmCommandError(f"scontrol show job {job_id} failed: {result.stderr.strip()[:2000]}")
     info = parse.parse_scontrol_show_job(result.stdout)
-    return JobStatus(info.job_id, info.state, info.exit_code, info.signal, info.reason, "scontrol")
+    return JobStatus(info.job_id, info.state, info.exit_code, info.signal, info.reason, "scontrol", info.name)
 
 
-def _status_from_sacct(job_id: str, result: CommandResult) -> JobStatus | None:
+def _status_from_sacct(job_id: str, result: CommandResult, job_name: str | None = None) -> JobStatus | None:
+    """``job_name``: the sacct command filtered on it, so a row found is a job of that name."""
     if not result.ok or parse.is_accounting_disabled(result.stdout + result.stderr):
         return None
     parsed = parse.parse_sacct(result.stdout, job_id)
     if parsed is None:
         return None
     state, exit_code, signal = parsed
-    return JobStatus(job_id, state, exit_code, signal, None, "sacct")
+    return JobStatus(job_id, state, exit_code, signal, None, "sacct", job_name)
 
 
 def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
@@ -150,6 +154,14 @@ class SlurmHook(BaseHook):
         command = remote_commands.squeue_by_name(job_name)
         return parse.parse_squeue(_checked(command, self._run(command)).stdout)
 
+    def squeue_job(self, job_id: str) -> list[parse.QueuedJob]:
+        """The job of this id if slurmctld still knows it (name and comment included), else []."""
+        command = remote_commands.squeue_job(job_id)
+        result = self._run(command)
+        if not result.ok and parse.is_unknown_job_error(result.stderr):
+            return []
+        return [job for job in parse.parse_squeue(_checked(command, result).stdout) if job.job_id == str(job_id)]
+
     def scontrol_show_job(self, job_id: str) -> JobStatus | None:
         """None when slurmctld does not know the job (finished longer than MinJobAge ago)."""
         return _status_from_scontrol(job_id, self._run(remote_commands.scontrol_show_job(job_id)))
@@ -166,14 +178,22 @@ class SlurmHook(BaseHook):
         command = remote_commands.scancel(job_id)
         _checked(command, self._run(command))
 
-    def job_status(self, job_id: str, job_dir: str) -> JobStatus:
-        """scontrol, then sacct (when accounting exists), then the job's exit marker file."""
+    def job_status(self, job_id: str, job_dir: str, *, job_name: str | None = None) -> JobStatus:
+        """scontrol, then sacct (when accounting exists), then the job's exit marker file.
+
+        ``job_name`` restricts sacct to a job of that name (the status then carries the name).
+        """
         status = self.scontrol_show_job(job_id)
         if status is None:
-            status = _status_from_sacct(job_id, self._run(remote_commands.sacct_job(job_id)))
+            command = remote_commands.sacct_job(job_id, job_name)
+            status = _status_from_sacct(job_id, self._run(command), job_name)
         if status is None:
             marker = remote_commands.job_exit_marker_path(job_dir, job_id)
             status = _status_from_exit_marker(job_id, self._run(remote_commands.read_file(marker, 64)))
+            if job_name is not None and status.state != "UNKNOWN":
+                name_file = remote_commands.job_name_marker_path(job_dir, job_id)
+                name = self._run(remote_commands.read_file(name_file, 1024)).stdout.strip()
+                status = dataclasses.replace(status, name=name or None)
         return status
 
     def read_log_chunk(self, path: str, offset: int, max_bytes: int = 262_144) -> LogChunk:

@@ -1,9 +1,10 @@
 """parallel_compile and train: one Slurm batch job on the cluster, waited for deferrably.
 
 Idempotency: the job name is derived from dag_id/run_id/task_id (+ map index) and the run id goes
-in ``--comment``. Before submitting, the operator looks for the job id kept in the task state store,
-then for a live or recently finished job of that name (``squeue --states all``), and reattaches to
-it; only a failed earlier job (or none) leads to a new submission.
+in ``--comment``. Before submitting, the operator looks for the job id kept in the task state store
+(only if Slurm reports that id under this task's job name: a rebuilt cluster reuses ids), then for
+a live or recently finished job of that name (``squeue --states all``), and reattaches to it; only a
+failed earlier job (or none) leads to a new submission.
 """
 
 from __future__ import annotations
@@ -192,11 +193,20 @@ class SlurmJobOperator(BaseOperator):
         store = context.get("task_state_store")
         stored = store.get(STATE_KEY_JOB_ID) if store is not None else None
         if stored:
-            status = self.hook.job_status(str(stored), self.job_dir)
-            if self._reattachable(status):
+            stored = str(stored)
+            status = self._stored_job_status(stored, job_name, context["ti"].run_id)
+            if status is None:
+                self.log.warning(
+                    "Stored Slurm job %s is not this task's job %s (the cluster was rebuilt and reuses ids); "
+                    "ignoring it",
+                    stored,
+                    job_name,
+                )
+            elif self._reattachable(status):
                 self.log.info("Reattaching to Slurm job %s from the task state store (%s)", stored, status.state)
-                return str(stored)
-            self.log.info("Stored Slurm job %s ended %s; submitting a new one", stored, status.state)
+                return stored
+            else:
+                self.log.info("Stored Slurm job %s ended %s; submitting a new one", stored, status.state)
         candidates = [
             job
             for job in self.hook.squeue_by_name(job_name)
@@ -206,6 +216,21 @@ class SlurmJobOperator(BaseOperator):
             self.log.info("Reattaching to Slurm job %s (%s) found by name %s", newest.job_id, newest.state, job_name)
             return newest.job_id
         return None
+
+    def _stored_job_status(self, job_id: str, job_name: str, run_id: str) -> JobStatus | None:
+        """Status of the stored job id, or None when that id now belongs to another job.
+
+        A stored id outlives the cluster (a cleared setup builds a new one in the same run, and its
+        job ids restart at 1): it is this task's job only if Slurm reports this task's name (and run
+        id in the comment, where squeue still shows it).
+        """
+        queued = self.hook.squeue_job(job_id)
+        if queued and (queued[0].name != job_name or f"run_id={run_id}" not in (queued[0].comment or "")):
+            return None
+        status = self.hook.job_status(job_id, self.job_dir, job_name=job_name)
+        if status.state != "UNKNOWN" and status.name != job_name:
+            return None
+        return status
 
     def copy_training_files(self) -> None:
         """Copy include/training into the job directory (temp name + rename: safe to repeat)."""
