@@ -103,12 +103,13 @@ def conn(sshd, monkeypatch):
     return "uc_test_head"
 
 
+# Any harmless command with a known answer.
+PROBE = rc.sha256_of("/dev/null")
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
 def head(sshd, host_key: str | None = None) -> dict:
     return {"cluster_name": "c1", "address": "127.0.0.1", "host_key": host_key or sshd.host_key}
-
-
-def test_fetch_host_key_is_the_server_key(sshd):
-    assert HeadNodeHook.fetch_host_key("127.0.0.1", sshd.port, timeout=10) == sshd.host_key
 
 
 def test_async_first_contact_matches(sshd):
@@ -119,8 +120,8 @@ def test_async_first_contact_matches(sshd):
 
 def test_run_with_pinned_key(sshd, conn):
     hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd))
-    result = hook.run(rc.command_exists("sh"))
-    assert result.exit_status == 0 and result.stdout.strip().endswith("sh")
+    result = hook.run(PROBE)
+    assert result.exit_status == 0 and result.stdout.startswith(EMPTY_SHA256)
     failing = hook.run(rc.sha256_of("/nonexistent/file"))
     assert failing.exit_status != 0 and "No such file" in failing.stderr
     hook.close()
@@ -130,7 +131,34 @@ def test_wrong_host_key_is_refused_sync(sshd, conn, tmp_path):
     other = keygen(tmp_path / "other")
     hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd, other))
     with pytest.raises(HostKeyMismatchError, match="not the key pinned"):
-        hook.run(rc.command_exists("sh"))
+        hook.run(PROBE)
+
+
+@pytest.fixture
+def home_known_hosts(monkeypatch, tmp_path):
+    """A HOME whose ~/.ssh/known_hosts the test fills (what SSHHook/paramiko would read)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    return home / ".ssh" / "known_hosts"
+
+
+def test_known_hosts_cannot_make_another_key_pass(sshd, conn, tmp_path, home_known_hosts):
+    """known_hosts vouches for the server's real key, but the run pinned another: refused."""
+    home_known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {sshd.host_key}\n")
+    other = keygen(tmp_path / "other")
+    hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd, other))
+    with pytest.raises(HostKeyMismatchError, match="not the key pinned"):
+        hook.run(PROBE)
+
+
+def test_stale_known_hosts_entry_cannot_make_the_pinned_key_fail(sshd, conn, tmp_path, home_known_hosts):
+    """A leftover known_hosts entry (an earlier head node at this address) is not consulted."""
+    stale = keygen(tmp_path / "stale")
+    home_known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {stale}\n127.0.0.1 {stale}\n")
+    hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd))
+    assert hook.run(PROBE).stdout.startswith(EMPTY_SHA256)
+    hook.close()
 
 
 def test_connection_extras_cannot_disable_pinning(sshd, monkeypatch, tmp_path):
@@ -138,10 +166,10 @@ def test_connection_extras_cannot_disable_pinning(sshd, monkeypatch, tmp_path):
         monkeypatch.setenv(name, value)
     other = keygen(tmp_path / "other")
     with pytest.raises(HostKeyMismatchError):
-        HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd, other)).run(rc.command_exists("sh"))
+        HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd, other)).run(PROBE)
     with pytest.raises(HostKeyMismatchError):
-        asyncio.run(HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd, other)).arun(rc.command_exists("sh")))
-    assert HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd)).run(rc.command_exists("sh")).ok
+        asyncio.run(HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd, other)).arun(PROBE))
+    assert HeadNodeHook(ssh_conn_id="uc_test_nocheck", head_node=head(sshd)).run(PROBE).ok
 
 
 def test_async_run_with_pinned_key_and_stdin(sshd, conn, tmp_path):
@@ -162,7 +190,7 @@ def test_wrong_host_key_is_refused_async(sshd, conn, tmp_path):
     other = keygen(tmp_path / "other")
     hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd, other))
     with pytest.raises(HostKeyMismatchError):
-        asyncio.run(hook.arun(rc.command_exists("sh")))
+        asyncio.run(hook.arun(PROBE))
 
 
 def test_put_file_and_stdin(sshd, conn, tmp_path):
@@ -188,9 +216,9 @@ def test_unreachable_is_its_own_error(sshd, monkeypatch):
     )
     hook = HeadNodeHook(ssh_conn_id="uc_test_dead", head_node=head(sshd), conn_timeout=3)
     with pytest.raises(HeadNodeUnreachableError):
-        hook.run(rc.command_exists("sh"))
+        hook.run(PROBE)
     with pytest.raises(HeadNodeUnreachableError):
-        asyncio.run(hook.arun(rc.command_exists("sh")))
+        asyncio.run(hook.arun(PROBE))
 
 
 @pytest.mark.parametrize(

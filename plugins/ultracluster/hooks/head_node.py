@@ -1,9 +1,10 @@
 """SSH to a cluster's head node with its host key pinned.
 
 The SSH connection (``ultracluster_head_node``) supplies user, private key and port; the address
-comes from describe-cluster and the host key from first contact (``fetch_host_key``, called by
-wait_for_fleet). Every later connection in the run expects exactly that key and fails on any other:
-the connection's own ``no_host_key_check``/``host_key`` extras are overridden, never trusted.
+comes from describe-cluster and the host key from first contact (``triggers.fleet.afetch_host_key``,
+in wait_for_fleet). Every later connection in the run expects exactly that key and fails on any
+other: the connection's own ``no_host_key_check``/``host_key`` extras and known_hosts files are
+overridden, never trusted.
 
 Wraps the providers-ssh hooks: ``SSHHook`` (paramiko) in workers, ``SSHHookAsync`` (asyncssh) in
 triggers. paramiko/asyncssh are imported inside methods (the DAG file imports this at parse time).
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from ultracluster.remote_commands import RemoteCommand
 
 DEFAULT_SSH_CONN_ID = "ultracluster_head_node"
-# ssh-ed25519 first: the pinned key is then the same type whatever sshd offers first.
-_PREFERRED_HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
 
 
 class HostKeyMismatchError(Exception):
@@ -63,6 +62,83 @@ def _validate_head_node(head_node: Mapping[str, Any] | None) -> dict[str, Any]:
     if len(key_parts) < 2:
         raise ValueError("head_node host_key must look like 'ssh-ed25519 AAAA...'")
     return dict(head_node)
+
+
+def _pinned_sync_hook_class():
+    """SSHHook whose only known host key is the pinned one.
+
+    SSHHook.get_conn loads ~/.ssh/known_hosts, which paramiko consults before the hook's own key:
+    an entry there would accept another key or refuse the pinned one. This get_conn builds the
+    paramiko client without any known_hosts file.
+    """
+    import paramiko
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
+        """Called (before authentication) when the server offers another key type than the pin's."""
+
+        def __init__(self, pinned: paramiko.PKey) -> None:
+            self.pinned = pinned
+
+        def missing_host_key(self, client, hostname, key) -> None:
+            if key != self.pinned:
+                raise paramiko.BadHostKeyException(hostname, key, self.pinned)
+
+    class PinnedSSHHook(SSHHook):
+        def __init__(self, *, pinned_host_key: paramiko.PKey, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.pinned_host_key = pinned_host_key
+            # The connection may say no_host_key_check/allow_host_key_change/host_key: the pin wins.
+            self.host_key = pinned_host_key
+            self.no_host_key_check = False
+            self.allow_host_key_change = False
+
+        def get_conn(self) -> paramiko.SSHClient:
+            if self.client:
+                transport = self.client.get_transport()
+                if transport and transport.is_active():
+                    return self.client
+            pinned = self.pinned_host_key
+            client = paramiko.SSHClient()  # no load_system_host_keys: the pin is the only authority
+            host = self.remote_host if int(self.port) == 22 else f"[{self.remote_host}]:{self.port}"
+            # A known entry also makes paramiko ask the server for the pin's key type first.
+            client.get_host_keys().add(host, pinned.get_name(), pinned)
+            client.set_missing_host_key_policy(_PinnedKeyPolicy(pinned))
+            kwargs: dict[str, Any] = {
+                "hostname": self.remote_host,
+                "port": self.port,
+                "username": self.username,
+                "timeout": self.conn_timeout,
+                "compress": self.compress,
+                "sock": self.host_proxy,
+                "look_for_keys": self.look_for_keys,
+                "banner_timeout": self.banner_timeout,
+                "auth_timeout": self.auth_timeout,
+            }
+            if self.password:
+                kwargs["password"] = self.password.strip()
+            if self.pkey:
+                kwargs["pkey"] = self.pkey
+            if self.key_file:
+                kwargs["key_filename"] = self.key_file
+            if self.disabled_algorithms:
+                kwargs["disabled_algorithms"] = self.disabled_algorithms
+            try:
+                client.connect(**kwargs)
+                server_key = client.get_transport().get_remote_server_key()
+                if server_key != pinned:  # belt and braces: nothing runs on another key
+                    raise paramiko.BadHostKeyException(host, server_key, pinned)
+            except BaseException:
+                client.close()
+                raise
+            if self.keepalive_interval:
+                client.get_transport().set_keepalive(self.keepalive_interval)
+            if self.ciphers:
+                client.get_transport().get_security_options().ciphers = self.ciphers
+            self.client = client
+            return client
+
+    return PinnedSSHHook
 
 
 def _pinned_async_hook_class():
@@ -133,24 +209,19 @@ class HeadNodeHook(BaseHook):
     def get_ssh_hook(self):
         """providers-ssh SSHHook for this head node, expecting exactly the pinned host key."""
         if self._ssh_hook is None:
-            import paramiko
-            from airflow.providers.ssh.hooks.ssh import SSHHook
             from base64 import b64decode
 
-            hook = SSHHook(
+            import paramiko
+
+            key_type, key_data = self.host_key.split()[:2]
+            # One connect attempt: unreachable-host retries are the callers' (they back off across polls).
+            self._ssh_hook = _pinned_sync_hook_class()(
                 ssh_conn_id=self.ssh_conn_id,
                 remote_host=self.address,
                 conn_timeout=int(self.conn_timeout),
                 cmd_timeout=self.command_timeout,
-                # A wrong host key must fail at once; unreachable-host retries are ours (callers
-                # back off across polls instead of blocking here).
-                conn_retry_attempts=1,
+                pinned_host_key=paramiko.PKey.from_type_string(key_type, b64decode(key_data)),
             )
-            key_type, key_data = self.host_key.split()[:2]
-            hook.host_key = paramiko.PKey.from_type_string(key_type, b64decode(key_data))
-            hook.no_host_key_check = False
-            hook.allow_host_key_change = False
-            self._ssh_hook = hook
         return self._ssh_hook
 
     def get_conn(self) -> paramiko.SSHClient:
@@ -272,31 +343,3 @@ class HeadNodeHook(BaseHook):
             stdout=stdout if isinstance(stdout, str) else stdout.decode("utf-8", "replace"),
             stderr=stderr if isinstance(stderr, str) else stderr.decode("utf-8", "replace"),
         )
-
-    # ------------------------------------------------------------------------- first contact
-
-    @staticmethod
-    def fetch_host_key(address: str, port: int = 22, timeout: float = 10) -> str:
-        """Trust on first use: the head node's host key as ``"<type> <base64>"``.
-
-        Called once, by wait_for_fleet, right after describe-cluster gave the address; every
-        later connection in the run verifies against this value.
-        """
-        import socket
-
-        import paramiko
-
-        sock = socket.create_connection((address, int(port)), timeout=timeout)
-        transport = paramiko.Transport(sock)
-        try:
-            options = transport.get_security_options()
-            offered = tuple(options.key_types)
-            options.key_types = tuple(k for k in _PREFERRED_HOST_KEY_TYPES if k in offered) + tuple(
-                k for k in offered if k not in _PREFERRED_HOST_KEY_TYPES
-            )
-            transport.start_client(timeout=timeout)
-            key = transport.get_remote_server_key()
-            return f"{key.get_name()} {key.get_base64()}"
-        finally:
-            transport.close()
-            sock.close()
