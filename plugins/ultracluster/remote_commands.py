@@ -326,13 +326,18 @@ def cancellable(command: RemoteCommand, pid_file: str) -> RemoteCommand:
     )
 
 
-def kill_process_group(pid_file: str) -> RemoteCommand:
-    """Stop what ``cancellable`` started (TERM to its whole process group); a no-op when it is gone."""
+def kill_process_group(pid_file: str, grace_seconds: int = 5) -> RemoteCommand:
+    """Stop what ``cancellable`` started: TERM to its whole process group, KILL what is left after
+    ``grace_seconds``; a no-op when it is gone. Returns once the group is gone (or KILLed), so a
+    new transfer started next cannot share the old one's .part file with it."""
     pid = shlex.quote(pid_file)
+    ticks = int(grace_seconds) * 10
     return RemoteCommand(
         shell=(
             f'if [ -f {pid} ]; then p=$(cat {pid}); case "$p" in (*[!0-9]*|"") exit 0;; esac; '
-            f'kill -TERM -- "-$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
+            f'kill -TERM -- "-$p" 2>/dev/null; i=0; '
+            f'while [ "$i" -lt {ticks} ] && kill -0 -- "-$p" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
+            f'kill -KILL -- "-$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
         ),
         description=f"stop the process group in {pid_file}",
     )

@@ -4,6 +4,7 @@ standing in for the head node (curl, tar, sha256sum, the marker)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -17,7 +18,8 @@ import pytest
 from airflow.providers.common.compat.sdk import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
-from ultracluster.hooks.head_node import CommandResult
+from ultracluster import remote_commands as rc
+from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.operators.dataset import DownloadDatasetOperator, marker_matches, parse_s3_uri
 
 KEY = "training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
@@ -71,6 +73,8 @@ class LocalShellHeadNode:
 
     def put_file(self, local, remote, *, mode=None):
         shutil.copy(local, remote)
+
+    stop_remote_transfer = HeadNodeHook.stop_remote_transfer  # the real code, on this shell
 
 
 @pytest.fixture
@@ -191,27 +195,86 @@ def test_marker_matching():
     assert parse_s3_uri(URI) == ("neuron-s3", KEY)
 
 
-def test_on_kill_stops_the_remote_download(tmp_path, head):
-    """on_kill reaches the curl through the pid file the cancellable download recorded."""
+_STARTED: list[tuple[subprocess.Popen, int]] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftover_transfers():
+    """A failing test must not leave its blocked curl behind (killed by its own process group id)."""
+    import signal
+
+    yield
+    while _STARTED:
+        process, group = _STARTED.pop()
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def start_blocked_download(tmp_path, pid_file: str) -> subprocess.Popen:
+    """A cancellable curl blocked on a FIFO nobody writes: a transfer that outlived its task try
+    (setsid detached it from the lost SSH session)."""
     import time
 
-    from ultracluster import remote_commands as rc
-
     source = tmp_path / "slow-source"
-    os.mkfifo(source)
-    op = operator(tmp_path)
-    (tmp_path / "fsx" / "data").mkdir(parents=True)
-    op._pid_file = str(tmp_path / "fsx" / "data" / ".ultracluster-download.pid")
+    if not source.exists():
+        os.mkfifo(source)
+    os.makedirs(os.path.dirname(pid_file), exist_ok=True)
     command = rc.cancellable(rc.download_to_file(f"file://{source}", str(tmp_path / "fsx" / "data" / "x.tar")),
-                             op._pid_file)
+                             pid_file)
     process = subprocess.Popen(["bash", "-c", command.shell], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, text=True)
     process.stdin.write(command.stdin)
     process.stdin.close()
     for _ in range(100):
-        if os.path.exists(op._pid_file):
+        if os.path.exists(pid_file) and open(pid_file).read().strip():
             break
         time.sleep(0.05)
+    _STARTED.append((process, int(open(pid_file).read())))
+    return process
+
+
+def test_on_kill_stops_the_remote_download(tmp_path, head):
+    """on_kill reaches the curl through the pid file the cancellable download recorded."""
+    op = operator(tmp_path)
+    op._pid_file = str(tmp_path / "fsx" / "data" / ".ultracluster-download.pid")
+    process = start_blocked_download(tmp_path, op._pid_file)
     op.on_kill()
     assert process.wait(timeout=10) != 0
     assert [c.description for c in head.commands] == [f"stop the process group in {op._pid_file}"]
+
+
+def test_retry_stops_the_earlier_tries_download_first(tmp_path, aws_conn, head):
+    """A worker died mid-download: its curl still runs. The retry stops it before starting its own."""
+    pid_file = str(tmp_path / "fsx" / "data" / ".ultracluster-download.pid")
+    orphan = start_blocked_download(tmp_path, pid_file)
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES))
+    assert operator(tmp_path).execute(CTX)["files"] == 3
+    assert orphan.wait(timeout=10) != 0
+    descriptions = [c.description for c in head.commands]
+    stop = descriptions.index(f"stop the process group in {pid_file}")
+    assert stop < next(i for i, d in enumerate(descriptions) if "(cancellable)" in d)
+
+
+def test_lost_connection_during_download_stops_it(tmp_path, aws_conn, head, monkeypatch):
+    """check raises (SSH lost) while the detached curl keeps going: the operator stops it."""
+    source = tmp_path / "slow-source"
+    os.mkfifo(source)
+    monkeypatch.setattr(rc, "download_to_file",
+                        lambda url, dest, _real=rc.download_to_file: _real(f"file://{source}", dest))
+    started = []
+    real_run = head.run
+
+    def run(command, *, timeout=None):
+        if "(cancellable)" not in command.description:
+            return real_run(command, timeout=timeout)
+        head.commands.append(command)
+        started.append(start_blocked_download(tmp_path, str(tmp_path / "fsx" / "data" / ".ultracluster-download.pid")))
+        raise HeadNodeUnreachableError("Lost head node: connection reset")
+
+    monkeypatch.setattr(head, "run", run)
+    aws_conn.put_object(Bucket="neuron-s3", Key=KEY, Body=make_tar(FILES))
+    with pytest.raises(HeadNodeUnreachableError):
+        operator(tmp_path).execute(CTX)
+    assert started and started[0].wait(timeout=10) != 0

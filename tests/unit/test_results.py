@@ -11,7 +11,7 @@ from airflow.providers.common.compat.sdk import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
 from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table
-from tests.unit.test_dataset import LocalShellHeadNode, empty_bucket
+from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
 
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
 
@@ -161,6 +161,23 @@ def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
     assert "Final loss" in out and "Signature=" not in out
     assert all("Signature=" not in c.shell for c in head.commands)
     json.dumps(metrics)
+
+
+def test_retry_stops_the_earlier_tries_upload_first(tmp_path, artifacts, head):
+    """A worker died mid-upload: its curl still runs. The retry stops it before uploading again."""
+    from tests.unit.test_dataset import start_blocked_download
+
+    train = job_outputs(tmp_path)
+    pid_file = f"{train['output_dir']}/.ultracluster-upload.pid"
+    orphan = start_blocked_download(tmp_path, pid_file)
+    op = CollectResultsOperator(task_id="c", head_node=HEAD, train=train, artifacts_s3_uri="s3://ultracluster-artifacts",
+                                aws_conn_id="uc_test_aws")
+    op.execute({"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="c", xcom_push=lambda **_: None),
+                "outlet_events": OutletEvents()})
+    assert orphan.wait(timeout=10) != 0
+    descriptions = [c.description for c in head.commands]
+    stop = descriptions.index(f"stop the process group in {pid_file}")
+    assert stop < next(i for i, d in enumerate(descriptions) if "(cancellable)" in d)
 
 
 def test_missing_results_json_fails(tmp_path, artifacts, head):

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.providers.common.compat.sdk import BaseHook
 
+from ultracluster import remote_commands
+
 if TYPE_CHECKING:
     import asyncssh
     import paramiko
@@ -287,6 +289,13 @@ class HeadNodeHook(BaseHook):
             if mode is not None:
                 sftp.chmod(tmp_path, mode)
             sftp.posix_rename(tmp_path, remote_path)
+
+    def stop_remote_transfer(self, pid_file: str) -> None:
+        """Stop the process group a ``remote_commands.cancellable`` command recorded in ``pid_file``
+        (a no-op when none runs). setsid detaches it from the SSH session, so a killed task or a
+        lost worker leaves it running: on_kill calls this, and so does every try before it starts
+        its own transfer (two curls would write the same .part file)."""
+        self.check(remote_commands.kill_process_group(pid_file))
 
     # ------------------------------------------------------------------------------ async
 

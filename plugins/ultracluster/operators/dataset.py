@@ -32,20 +32,6 @@ _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 MARKER_PREFIX = ".ultracluster-dataset-"
 
 
-def stop_remote_transfer(log, ssh_conn_id: str, head_node: Any, pid_file: str | None) -> None:
-    """on_kill helper: TERM the process group a ``remote_commands.cancellable`` command recorded."""
-    if not pid_file:
-        return
-    from ultracluster.hooks.head_node import HeadNodeHook
-
-    try:
-        # A fresh connection: the task's own one is busy in the blocked execute().
-        HeadNodeHook(ssh_conn_id=ssh_conn_id, head_node=head_node).run(remote_commands.kill_process_group(pid_file))
-        log.info("Stopped the remote transfer recorded in %s", pid_file)
-    except Exception:
-        log.exception("Could not stop the remote transfer recorded in %s", pid_file)
-
-
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     match = _S3_URI.match(uri or "")
     if not match or match.group(2).endswith("/"):
@@ -182,10 +168,18 @@ class DownloadDatasetOperator(BaseOperator):
             raise AirflowException(f"Could not presign {self.dataset_s3_uri}")
         self.log.info("Downloading %s (%d bytes) to %s on the head node", self.dataset_s3_uri, size, tar_path)
         head_node.check(remote_commands.remove_files(marker_path))
-        self._pid_file = posixpath.join(self.data_dir, ".ultracluster-download.pid")
-        download = remote_commands.cancellable(remote_commands.download_to_file(url, tar_path), self._pid_file)
-        head_node.check(download, timeout=self.transfer_timeout)
-        self._pid_file = None
+        pid_file = posixpath.join(self.data_dir, ".ultracluster-download.pid")
+        head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
+        self._pid_file = pid_file
+        download = remote_commands.cancellable(remote_commands.download_to_file(url, tar_path), pid_file)
+        try:
+            head_node.check(download, timeout=self.transfer_timeout)
+        except Exception:
+            # Timeout or SSH loss: the detached curl may still run; the retry must not meet it.
+            self._stop_transfer(head_node, pid_file)
+            raise
+        finally:
+            self._pid_file = None
         self._verify_tar(head_node, s3, bucket, key, tar_path, size)
 
         head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir), timeout=self.transfer_timeout)
@@ -211,7 +205,18 @@ class DownloadDatasetOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Stop the remote curl: closing the SSH channel alone would leave it running."""
-        stop_remote_transfer(self.log, self.ssh_conn_id, self.head_node, self._pid_file)
+        if self._pid_file:
+            from ultracluster.hooks.head_node import HeadNodeHook
+
+            # A fresh connection: the task's own one is busy in the blocked execute().
+            self._stop_transfer(HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node), self._pid_file)
+
+    def _stop_transfer(self, head_node: HeadNodeHook, pid_file: str) -> None:
+        try:
+            head_node.stop_remote_transfer(pid_file)
+            self.log.info("Stopped the remote transfer recorded in %s", pid_file)
+        except Exception:
+            self.log.exception("Could not stop the remote transfer recorded in %s", pid_file)
 
     def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
         """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""

@@ -235,9 +235,15 @@ class CollectResultsOperator(BaseOperator):
         if self.train.get("log_path"):
             uploads.append((self.train["log_path"], posixpath.basename(self.train["log_path"])))
         s3 = S3Hook(aws_conn_id=self.aws_conn_id)
-        self._pid_file = posixpath.join(output_dir, ".ultracluster-upload.pid")
+        pid_file = posixpath.join(output_dir, ".ultracluster-upload.pid")
+        head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
+        self._pid_file = pid_file
         try:
             self._upload(head_node, s3, bucket, prefix, uploads)
+        except Exception:
+            # Timeout or SSH loss: the detached curl may still run; the retry must not meet it.
+            self._stop_transfer(head_node, pid_file)
+            raise
         finally:
             self._pid_file = None
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
@@ -250,9 +256,18 @@ class CollectResultsOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """Stop the remote curl: closing the SSH channel alone would leave it running."""
-        from ultracluster.operators.dataset import stop_remote_transfer
+        if self._pid_file:
+            from ultracluster.hooks.head_node import HeadNodeHook
 
-        stop_remote_transfer(self.log, self.ssh_conn_id, self.head_node, self._pid_file)
+            # A fresh connection: the task's own one is busy in the blocked execute().
+            self._stop_transfer(HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node), self._pid_file)
+
+    def _stop_transfer(self, head_node, pid_file: str) -> None:
+        try:
+            head_node.stop_remote_transfer(pid_file)
+            self.log.info("Stopped the remote transfer recorded in %s", pid_file)
+        except Exception:
+            self.log.exception("Could not stop the remote transfer recorded in %s", pid_file)
 
     def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]]) -> None:
         for start in range(0, len(uploads), _UPLOAD_BATCH):
