@@ -283,6 +283,10 @@ with DAG(
         task_id="delete_vpc",
         vpc=create_vpc.output,
         stack_name="{{ vpc_stack_name_for(run_id) }}",
+        # delete_cluster's name, checked gone before the network goes. None (no cluster was ever
+        # named) when render_config did not run: CLUSTER_NAME would render Undefined there.
+        cluster_name="{{ (ti.xcom_pull(task_ids='render_config') or {}).get('cluster_name') }}",
+        pcluster_conn_id=PCLUSTER_CONN_ID,
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",
         waiter_delay=PROFILE["cluster_poll_interval_s"],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -143,14 +144,67 @@ def test_validation_errors_are_raised_and_nothing_is_deleted(env):
     assert "delete-cluster" not in env.verbs()
 
 
-def test_create_failed_logs_failures_and_deletes(env):
+CREATE_FAILED_EVENT = {"status": "failure", "cluster_status": "CREATE_FAILED",
+                      "message": "cluster uc-test reached CREATE_FAILED",
+                      "failures": [{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}]}
+
+
+def test_create_failed_deletes_and_fails_only_once_the_cluster_is_gone(env):
+    """delete_vpc must not start while the failed cluster still holds the network."""
     env.respond("describe-cluster", "describe_cluster_create_failed.json")
     env.respond("delete-cluster", "delete_cluster.json")
-    event = {"status": "failure", "cluster_status": "CREATE_FAILED", "message": "cluster uc-test reached CREATE_FAILED",
-             "failures": [{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}]}
-    with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure.*deletion was started"):
-        create_op().execute_complete(make_context(), event)
+    op = create_op()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute_complete(make_context(), CREATE_FAILED_EVENT)
     assert env.verbs() == ["describe-cluster", "delete-cluster"]
+    assert (deferred.value.trigger.waiter_name, deferred.value.method_name) == (
+        "ClusterDeleteComplete", "fail_after_delete")
+
+    # The triggerer's wait: deleting, then gone.
+    env.respond("describe-cluster", "describe_cluster_delete_in_progress.json",
+                ("error_describe_cluster_not_found.json", 1))
+    with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure: Failed.*the cluster was deleted"):
+        resume(op, make_context(), deferred.value)
+
+
+def test_create_failed_whose_delete_fails_reports_both(env):
+    env.respond("describe-cluster", "describe_cluster_create_failed.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    op = create_op()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    assert deferred.value.method_name == "fail_after_delete"
+    env.respond("describe-cluster", "describe_cluster_delete_failed.json")
+    with pytest.raises(RuntimeError, match="cluster creation failed.*deleting it failed too.*DELETE_FAILED"):
+        resume(op, make_context(), deferred.value)
+
+
+def test_pcluster_errors_never_carry_a_presigned_url(env):
+    """describe-cluster's clusterConfiguration.url is presigned; a garbled output must not leak it."""
+    from ultracluster.parsers.pcluster import PclusterError, parse_cli_result
+
+    recorded = (Path(__file__).resolve().parents[1] / "fixtures" / "pcluster"
+                / "describe_cluster_create_complete.json").read_text()
+    assert "SECRETSIGNATURE" in recorded
+    env.respond_text("describe-cluster", recorded[:-3])  # cut JSON, exit 0
+    with pytest.raises(PclusterError) as error:
+        delete_op().execute(make_context())
+    assert "SECRETSIGNATURE" not in str(error.value) and "<redacted presigned URL>" in str(error.value)
+
+    env.respond_text("describe-cluster", "Traceback ...\n" + recorded[:-3], rc=1)
+    with pytest.raises(PclusterError) as error:
+        delete_op().execute(make_context())
+    assert "SECRETSIGNATURE" not in str(error.value)
+
+    aws_style = "https://b.s3.amazonaws.com/c.yaml?versionId=3&AWSAccessKeyId=AKIAEXAMPLE&Signature=SIGVALUE&Expires=1"
+    for returncode, stdout, stderr in [
+        (1, json.dumps({"message": f"Unable to read {aws_style}"}), ""),
+        (1, "", "x" * 3000 + aws_style),  # longer than the tail kept
+        (0, "[" + json.dumps(aws_style), ""),
+    ]:
+        with pytest.raises(PclusterError) as error:
+            parse_cli_result(returncode, stdout, stderr)
+        assert "SIGVALUE" not in str(error.value) and "AKIAEXAMPLE" not in str(error.value), str(error.value)
 
 
 def test_success_event_returns_the_cluster(env):
@@ -276,8 +330,9 @@ def aws_side_tasks(params: dict):
             dataset_s3_uri=params["dataset_s3_uri"], compile_cache_s3_uri=params["compile_cache_s3_uri"],
             extra_tags=params["extra_tags"])
 
-    def delete_vpc(network):
-        return DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, waiter_delay=1)
+    def delete_vpc(network, cluster_name=None):
+        return DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, cluster_name=cluster_name, region_name=REGION,
+                                      waiter_delay=1)
 
     return create_vpc, render, delete_vpc
 
@@ -291,6 +346,7 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
     context["params"] = params
     create_vpc, render, delete_vpc = aws_side_tasks(params)
     network = run_to_completion(create_vpc, context)
+    config = None
     try:
         config = render(network).execute(context)
         created = run_to_completion(create_op(cluster_config=config, region_name=REGION), context)
@@ -301,10 +357,14 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
         again = create_op(cluster_config=config, region_name=REGION).execute(make_context(run_id="manual__localtest"))
         assert again["cluster_name"] == created["cluster_name"]
 
+        # delete_cluster has not run: delete_vpc refuses to take the network from under the cluster.
+        with pytest.raises(RuntimeError, match="of this run still exists \\(CREATE_COMPLETE\\)"):
+            run_to_completion(delete_vpc(network, config["cluster_name"]), context)
+
         deleted = run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
         assert deleted == {"cluster_name": config["cluster_name"], "deleted": True}
     finally:
-        result = run_to_completion(delete_vpc(network), context)
+        result = run_to_completion(delete_vpc(network, config and config["cluster_name"]), context)
     assert result["deleted"] is True
 
 
@@ -321,10 +381,9 @@ def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws):
     network = run_to_completion(create_vpc, context)
     try:
         config = render(network).execute(context)
-        with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure"):
+        with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure.*the cluster was deleted"):
             run_to_completion(create_op(cluster_config=config, region_name=REGION), context)
-        # The failed cluster is being deleted by pcluster_create itself; the delete wait confirms it goes.
-        run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
+        # pcluster_create failed only once its own clean-up finished: the network is free.
         with pytest.raises(ClusterNotFoundError):
             ParallelClusterHook().describe_cluster(config["cluster_name"])
     finally:

@@ -121,6 +121,34 @@ def test_on_kill_leaves_another_runs_cluster(fake):
     assert "delete-cluster" not in fake.verbs()
 
 
+@pytest.fixture
+def task_state(monkeypatch):
+    """The task's state as the triggerer's execution API would report it to the on_kill guard."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time import task_runner
+
+    state = {"value": "deferred"}
+    monkeypatch.setattr(task_runner.RuntimeTaskInstance, "get_task_states", staticmethod(
+        lambda **kw: {kw["run_ids"][0]: {kw["task_ids"][0]: state["value"]}}))
+    state["ti"] = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id=RUN_ID, task_id="pcluster_create", map_index=-1)
+    return state
+
+
+def test_on_kill_while_still_deferred_deletes_nothing(fake, task_state):
+    """A triggerer hand-over cancels the trigger and runs on_kill; the task is still deferred."""
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    fake.respond("delete-cluster", "delete_cluster.json")
+    trigger = status_trigger("ClusterCreateComplete", owner_run_id=RUN_ID, delete_on_kill=True)
+    trigger.task_instance = task_state["ti"]
+    asyncio.run(trigger.on_kill())
+    assert fake.calls() == []
+
+    task_state["value"] = "failed"  # the user marked it failed: a real kill
+    asyncio.run(trigger.on_kill())
+    assert fake.verbs() == ["describe-cluster", "delete-cluster"]
+
+
 def test_on_kill_of_a_delete_wait_does_nothing(fake):
     asyncio.run(status_trigger("ClusterDeleteComplete").on_kill())
     assert fake.calls() == []
@@ -172,6 +200,24 @@ def test_stack_on_kill_deletes_only_this_runs_stack(aws):
                      Tags=[{"Key": "ultracluster:run-id", "Value": RUN_ID}])
     asyncio.run(stack_trigger("stack_create_complete", stack_name="uc-vpc-mine", owner_run_id=RUN_ID,
                               delete_on_kill=True).on_kill())
+    stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == "uc-vpc-mine"][0]
+    assert cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
+
+
+def test_stack_on_kill_while_still_deferred_deletes_nothing(aws, task_state):
+    import boto3
+
+    cfn = boto3.client("cloudformation", region_name="us-east-1")
+    cfn.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
+                     Tags=[{"Key": "ultracluster:run-id", "Value": RUN_ID}])
+    trigger = stack_trigger("stack_create_complete", stack_name="uc-vpc-mine", owner_run_id=RUN_ID,
+                            delete_on_kill=True)
+    trigger.task_instance = task_state["ti"]
+    asyncio.run(trigger.on_kill())
+    assert cfn.describe_stacks(StackName="uc-vpc-mine")["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+
+    task_state["value"] = "success"  # the user marked it success: a real kill
+    asyncio.run(trigger.on_kill())
     stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == "uc-vpc-mine"][0]
     assert cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
 

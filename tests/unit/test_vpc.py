@@ -1,11 +1,15 @@
 """create_vpc / delete_vpc against in-process moto: include/cluster/vpc.yaml as shipped."""
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 
 import pytest
 
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from ultracluster.operators.config import ConfigValidationError
 from ultracluster.operators.vpc import RUN_ID_TAG, CreateVpcStackOperator, DeleteVpcStackOperator
 
@@ -179,11 +183,11 @@ def test_stack_still_creating_defers_to_the_trigger(aws, tmp_path):
         "Resources:\n  Subnet:\n    Type: AWS::EC2::Subnet\n"
         "    Properties: {VpcId: {Ref: NoSuchVpc}, CidrBlock: 10.0.0.0/24}\n"
     )
-    with pytest.raises(Exception):
+    # moto fails the unresolvable Ref inside CreateStack (KeyError) and leaves the stack half made.
+    with pytest.raises(KeyError, match="NoSuchVpc"):
         create_op(template_path=str(broken)).execute(make_context())
     stuck = [s for s in live_stacks(aws.cfn) if s["StackName"] == "uc-vpc-test"]
-    if not stuck or stuck[0]["StackStatus"] != "CREATE_IN_PROGRESS":
-        pytest.skip(f"moto did not leave the stack in CREATE_IN_PROGRESS: {stuck}")
+    assert [s["StackStatus"] for s in stuck] == ["CREATE_IN_PROGRESS"]
 
     with pytest.raises(TaskDeferred) as deferred:
         create_op(template_path=str(broken)).execute(make_context())
@@ -198,3 +202,170 @@ def test_failed_create_event_cleans_up_and_fails(aws):
     with pytest.raises(RuntimeError, match="Creating stack uc-vpc-test failed: boom. Clean-up deleted the stack"):
         create_op().execute_complete(make_context(), {"status": "failure", "message": "boom"})
     assert live_stacks(aws.cfn) == []
+
+
+# --- failure paths: deferred delete-and-repair rounds, never a wait in the worker -------------------
+
+@pytest.fixture
+def no_worker_waits(monkeypatch):
+    """Any botocore waiter (stack delete, NAT gateway deleted) run in the task process fails the test."""
+    from botocore.waiter import Waiter
+
+    def refuse(self, **kwargs):
+        raise AssertionError(f"worker-blocking wait {self.name}")
+
+    monkeypatch.setattr(Waiter, "wait", refuse)
+
+
+def set_moto_stack_status(name: str, status: str) -> None:
+    """moto creates and deletes synchronously; a failed earlier try is set directly in its state."""
+    from moto.cloudformation.models import cloudformation_backends
+
+    backend = cloudformation_backends["123456789012"][REGION]
+    [stack] = [s for s in backend.stacks.values() if s.name == name and s.status != "DELETE_COMPLETE"]
+    stack.status = status
+
+
+def resources_gone(aws, network) -> bool:
+    return (network["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
+            and aws.ec2.describe_addresses()["Addresses"] == [] and live_stacks(aws.cfn) == [])
+
+
+@pytest.mark.parametrize("status", ["ROLLBACK_COMPLETE", "CREATE_FAILED"])
+def test_a_failed_earlier_stack_is_deleted_with_repair_then_fails(aws, no_worker_waits, status):
+    network = create_op().execute(make_context())
+    set_moto_stack_status("uc-vpc-test", status)
+    with pytest.raises(RuntimeError, match=rf"failed earlier \({status}\)\. Clean-up deleted the stack"):
+        create_op().execute(make_context())
+    assert resources_gone(aws, network)
+
+
+def test_a_delete_failed_stack_is_repaired_then_created_again(aws, no_worker_waits):
+    old = create_op().execute(make_context())
+    set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
+    new = create_op().execute(make_context())
+    assert new["owned"] is True and new["vpc_id"] != old["vpc_id"]
+    assert old["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
+    assert [s["StackStatus"] for s in live_stacks(aws.cfn)] == ["CREATE_COMPLETE"]
+
+
+def test_failed_create_clean_up_does_not_wait_in_the_worker(aws, no_worker_waits):
+    network = create_op().execute(make_context())
+    with pytest.raises(RuntimeError, match="Creating stack uc-vpc-test failed: boom. Clean-up deleted the stack"):
+        create_op().execute_complete(make_context(), {"status": "failure", "message": "boom"})
+    assert resources_gone(aws, network)
+
+
+def test_non_deferrable_delete_refuses_to_wait_in_the_worker(aws, monkeypatch):
+    import ultracluster.operators.vpc as vpc_module
+
+    network = create_op().execute(make_context())
+    monkeypatch.setattr(vpc_module, "start_stack_delete", lambda *args: False)  # as if AWS were still deleting
+    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, deferrable=False)
+    with pytest.raises(RuntimeError, match="run it with deferrable=True"):
+        op.execute(make_context())
+
+
+def test_a_slow_delete_defers_to_the_stack_trigger(aws, monkeypatch):
+    import ultracluster.operators.vpc as vpc_module
+    from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+
+    network = create_op().execute(make_context())
+    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION)
+    with monkeypatch.context() as patch, pytest.raises(TaskDeferred) as deferred:
+        patch.setattr(vpc_module, "start_stack_delete", lambda *args: False)  # as if AWS were still deleting
+        op.execute(make_context())
+    assert isinstance(deferred.value.trigger, CloudFormationStackTrigger)
+    assert (deferred.value.method_name, deferred.value.kwargs) == (
+        "delete_round_complete", {"stack_name": "uc-vpc-test", "repair_round": 0})
+    # The trigger reported DELETE_FAILED: the resume repairs and deletes in the next round.
+    result = op.delete_round_complete(make_context(), {"status": "failure", "stack_name": "uc-vpc-test",
+                                                       "message": "DELETE_FAILED"}, **deferred.value.kwargs)
+    assert result == {"deleted": True, "stack_name": "uc-vpc-test"}
+    assert resources_gone(aws, network)
+
+
+# --- delete_vpc checks the run's cluster is gone first ---------------------------------------------
+
+@pytest.fixture
+def pcluster(tmp_path, monkeypatch) -> FakePcluster:
+    fake = FakePcluster(tmp_path / "pcluster")
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", fake.connection_json())
+    return fake
+
+
+def delete_vpc_op(network, **overrides) -> DeleteVpcStackOperator:
+    kwargs = dict(task_id="delete_vpc", vpc=network, cluster_name="uc-test", region_name=REGION,
+                  waiter_delay=0, waiter_max_attempts=5)
+    kwargs.update(overrides)
+    return DeleteVpcStackOperator(**kwargs)
+
+
+@pytest.mark.parametrize("recorded, status", [("describe_cluster_create_complete.json", "CREATE_COMPLETE"),
+                                              ("describe_cluster_delete_failed.json", "DELETE_FAILED")])
+def test_delete_vpc_fails_and_keeps_the_network_while_the_cluster_exists(aws, pcluster, recorded, status):
+    """delete_cluster failed: this task decides the run state, so it must fail too."""
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", recorded)
+    with pytest.raises(RuntimeError, match=rf"Cluster uc-test of this run still exists \({status}\)"):
+        delete_vpc_op(network).execute(make_context())
+    assert [s["StackName"] for s in live_stacks(aws.cfn)] == ["uc-vpc-test"]
+    assert "delete-cluster" not in pcluster.verbs()
+
+
+def test_delete_vpc_checks_the_cluster_even_for_a_network_it_does_not_own(aws, pcluster):
+    existing = {"owned": False, "stack_name": None, "vpc_id": "vpc-given"}
+    pcluster.respond("describe-cluster", "describe_cluster_delete_failed.json")
+    with pytest.raises(RuntimeError, match="still exists"):
+        delete_vpc_op(existing).execute(make_context())
+    pcluster.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    assert delete_vpc_op(existing).execute(make_context())["reason"] == "not owned"
+
+
+def test_delete_vpc_waits_for_a_cluster_still_deleting(aws, pcluster):
+    from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", "describe_cluster_delete_in_progress.json",
+                     "describe_cluster_delete_in_progress.json", ("error_describe_cluster_not_found.json", 1))
+    op = delete_vpc_op(network)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, ClusterStatusTrigger)
+    assert (trigger.cluster_name, trigger.waiter_name, deferred.value.method_name) == (
+        "uc-test", "ClusterDeleteComplete", "cluster_gone_complete")
+    assert [s["StackName"] for s in live_stacks(aws.cfn)] == ["uc-vpc-test"]  # untouched while waiting
+
+    event = asyncio.run(first_event(trigger))
+    assert event["status"] == "success"
+    assert op.cluster_gone_complete(make_context(), event) == {"deleted": True, "stack_name": "uc-vpc-test"}
+    assert resources_gone(aws, network)
+
+
+def test_delete_vpc_fails_when_the_cluster_delete_wait_fails(aws, pcluster):
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", "describe_cluster_delete_in_progress.json", "describe_cluster_delete_failed.json")
+    op = delete_vpc_op(network)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    event = asyncio.run(first_event(deferred.value.trigger))
+    with pytest.raises(RuntimeError, match=r"did not finish deleting \(DELETE_FAILED\).*network is kept"):
+        op.cluster_gone_complete(make_context(), event)
+    assert [s["StackName"] for s in live_stacks(aws.cfn)] == ["uc-vpc-test"]
+
+
+def test_delete_vpc_ignores_a_cluster_of_another_run_and_a_gone_one(aws, pcluster):
+    network = create_op().execute(make_context(run_id="manual__other"))
+    pcluster.respond("describe-cluster", "describe_cluster_create_complete.json")  # tagged with RUN_ID
+    assert delete_vpc_op(network).execute(make_context(run_id="manual__other"))["deleted"] is True
+
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    assert delete_vpc_op(network).execute(make_context())["deleted"] is True
+    assert resources_gone(aws, network)
+
+
+async def first_event(trigger) -> dict:
+    async for event in trigger.run():
+        return event.payload

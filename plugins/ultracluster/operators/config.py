@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from ultracluster.links import ClusterConfigLink, split_s3_uri
+from ultracluster.tags import ownership_tags
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -253,8 +254,7 @@ class RenderClusterConfigOperator(BaseOperator):
             if uri:
                 bucket = split_s3_uri(uri)[0]
                 buckets[bucket] = buckets.get(bucket, False) or write
-        tags = {**(self.extra_tags or {}),
-                "ultracluster:dag-id": context["dag"].dag_id, "ultracluster:run-id": context["run_id"]}
+        tags = {**(self.extra_tags or {}), **ownership_tags(context["dag"].dag_id, context["run_id"])}
         network = self.network or {}
         return {
             "region": self.region_name,

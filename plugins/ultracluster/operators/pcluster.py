@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from ultracluster.links import ParallelClusterStackLink
+from ultracluster.tags import RUN_ID_TAG, cluster_owner
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-RUN_ID_TAG = "ultracluster:run-id"
+    from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+__all__ = ["RUN_ID_TAG", "CreateClusterOperator", "DeleteClusterOperator"]
 
 
 def _region_from_arn(arn: str | None) -> str | None:
@@ -27,12 +30,36 @@ def _region_from_arn(arn: str | None) -> str | None:
     return parts[3] if len(parts) > 4 else None
 
 
-class CreateClusterOperator(BaseOperator):
+class _ClusterWaitMixin:
+    """The one place a cluster wait's trigger is built from the operator's settings."""
+
+    cluster_name: str
+    pcluster_conn_id: str
+    region_name: str | None
+    poll_interval: float
+    max_attempts: int
+
+    def _status_trigger(self, waiter_name: str, **extra: Any) -> ClusterStatusTrigger:
+        from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+        return ClusterStatusTrigger(
+            cluster_name=self.cluster_name,
+            waiter_name=waiter_name,
+            pcluster_conn_id=self.pcluster_conn_id,
+            region_name=self.region_name or None,
+            poll_interval=self.poll_interval,
+            max_attempts=self.max_attempts,
+            **extra,
+        )
+
+
+class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     """
     Create this run's cluster from the config render_config uploaded, and wait for CREATE_COMPLETE.
 
-    On CREATE_FAILED (or a timeout) the failures are logged and the cluster is deleted here: a
-    teardown does not run when its setup failed, so nobody else would.
+    On CREATE_FAILED (or a timeout) the failures are logged and the cluster is deleted here, and
+    the task fails only once it is gone: a teardown does not run when its setup failed, so nobody
+    else would, and delete_vpc must not start while the cluster still holds the network.
 
     :param cluster_config: render_config's return value (``cluster_name``, ``bucket``, ``config_s3_key``).
     Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
@@ -78,7 +105,7 @@ class CreateClusterOperator(BaseOperator):
         return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
 
     def execute(self, context: Context) -> dict:
-        from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError, tags_dict
+        from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError
 
         hook = self.hook()
         run_id = context["run_id"]
@@ -87,7 +114,7 @@ class CreateClusterOperator(BaseOperator):
         except ClusterNotFoundError:
             description = None
         if description is not None:
-            owner = tags_dict(description).get(RUN_ID_TAG)
+            owner = cluster_owner(description)
             if owner != run_id:
                 raise ClusterAlreadyExistsError(
                     f"Cluster {self.cluster_name} exists and belongs to run {owner!r}, not {run_id!r}; "
@@ -102,7 +129,7 @@ class CreateClusterOperator(BaseOperator):
                 # A previous try created it after our describe: reattach like above.
                 self.log.info("Cluster %s appeared meanwhile: reattaching", self.cluster_name)
             description = hook.describe_cluster(self.cluster_name)
-            if tags_dict(description).get(RUN_ID_TAG) != run_id:
+            if cluster_owner(description) != run_id:
                 raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
         return self._continue(context, hook, description)
 
@@ -145,18 +172,9 @@ class CreateClusterOperator(BaseOperator):
         if status == "CREATE_IN_PROGRESS":
             if not self.deferrable:
                 raise RuntimeError("CreateClusterOperator waits with a trigger; run it with deferrable=True")
-            from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
             self.defer(
-                trigger=ClusterStatusTrigger(
-                    cluster_name=self.cluster_name,
-                    waiter_name="ClusterCreateComplete",
-                    pcluster_conn_id=self.pcluster_conn_id,
-                    region_name=self.region_name or None,
-                    poll_interval=self.poll_interval,
-                    max_attempts=self.max_attempts,
-                    owner_run_id=context["run_id"],
-                    delete_on_kill=True,
+                trigger=self._status_trigger(
+                    "ClusterCreateComplete", owner_run_id=context["run_id"], delete_on_kill=True
                 ),
                 method_name="execute_complete",
             )
@@ -164,20 +182,8 @@ class CreateClusterOperator(BaseOperator):
             self._fail_and_delete(hook, description, "cluster creation failed")
         if status == "DELETE_IN_PROGRESS":
             # A killed earlier try deleted its cluster (ClusterStatusTrigger.on_kill): wait, then create.
-            from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
             self.log.info("Cluster %s of this run is being deleted: waiting to create it again", self.cluster_name)
-            self.defer(
-                trigger=ClusterStatusTrigger(
-                    cluster_name=self.cluster_name,
-                    waiter_name="ClusterDeleteComplete",
-                    pcluster_conn_id=self.pcluster_conn_id,
-                    region_name=self.region_name or None,
-                    poll_interval=self.poll_interval,
-                    max_attempts=self.max_attempts,
-                ),
-                method_name="create_after_delete",
-            )
+            self.defer(trigger=self._status_trigger("ClusterDeleteComplete"), method_name="create_after_delete")
         raise RuntimeError(f"Cluster {self.cluster_name} is {status}; it needs attention before a new create")
 
     def create_after_delete(self, context: Context, event: dict[str, Any]) -> dict:
@@ -199,18 +205,37 @@ class CreateClusterOperator(BaseOperator):
         raise AssertionError("unreachable")
 
     def _fail_and_delete(self, hook, description: dict, reason: str) -> None:
+        """Log the failures, delete the cluster, and fail once it is gone (fail_after_delete)."""
         from ultracluster.parsers.pcluster import ClusterNotFoundError, failures
 
         found = failures(description)
         for failure in found:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
-        try:
-            hook.delete_cluster(self.cluster_name)
-            cleanup = "its deletion was started"
-        except ClusterNotFoundError:
-            cleanup = "it is already gone"
         summary = "; ".join(f"{f.get('failureCode')}: {f.get('failureReason')}" for f in found)
-        raise RuntimeError(f"Cluster {self.cluster_name}: {reason}. {summary} ({cleanup})".strip())
+        message = f"Cluster {self.cluster_name}: {reason}. {summary}".strip()
+        if description.get("clusterStatus") != "DELETE_IN_PROGRESS":
+            try:
+                hook.delete_cluster(self.cluster_name)
+            except ClusterNotFoundError:
+                raise RuntimeError(f"{message} (it is already gone)") from None
+        if not self.deferrable:
+            raise RuntimeError(f"{message} (its deletion was started, not waited for: deferrable=False)")
+        self.log.info("Deleting cluster %s; the task fails once it is gone", self.cluster_name)
+        self.defer(
+            trigger=self._status_trigger("ClusterDeleteComplete"),
+            method_name="fail_after_delete",
+            kwargs={"failure": message},
+        )
+
+    def fail_after_delete(self, context: Context, event: dict[str, Any], failure: str = "") -> None:
+        """Resume after the clean-up wait: always fails, with the original failure."""
+        if event.get("status") == "success":
+            raise RuntimeError(f"{failure} (the cluster was deleted)")
+        arn = (event.get("description") or {}).get("cloudformationStackArn")
+        raise RuntimeError(
+            f"{failure} (deleting it failed too: {event.get('message')}"
+            + (f"; inspect stack {arn}" if arn else "") + ")"
+        )
 
     def _result(self, description: dict) -> dict:
         from ultracluster.triggers.pcluster import public_description
@@ -231,7 +256,7 @@ class CreateClusterOperator(BaseOperator):
         self.log.info("pcluster_create killed; a deferred wait deletes the cluster from its trigger")
 
 
-class DeleteClusterOperator(BaseOperator):
+class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     """
     Teardown of pcluster_create: delete this run's cluster and wait (deferrably) until it is gone.
 
@@ -273,7 +298,7 @@ class DeleteClusterOperator(BaseOperator):
         return self._delete(context, delete_attempt=1)
 
     def _delete(self, context: Context, delete_attempt: int) -> dict:
-        from ultracluster.parsers.pcluster import ClusterNotFoundError, tags_dict
+        from ultracluster.parsers.pcluster import ClusterNotFoundError
 
         hook = self.hook()
         if not self.cluster_name:
@@ -284,7 +309,7 @@ class DeleteClusterOperator(BaseOperator):
         except ClusterNotFoundError:
             self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
             return {"cluster_name": self.cluster_name, "deleted": True}
-        owner = tags_dict(description).get(RUN_ID_TAG)
+        owner = cluster_owner(description)
         if owner != context["run_id"]:
             self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
             return {"cluster_name": self.cluster_name, "deleted": False}
@@ -301,17 +326,8 @@ class DeleteClusterOperator(BaseOperator):
             self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
         if not self.deferrable:
             raise RuntimeError("DeleteClusterOperator waits with a trigger; run it with deferrable=True")
-        from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
         self.defer(
-            trigger=ClusterStatusTrigger(
-                cluster_name=self.cluster_name,
-                waiter_name="ClusterDeleteComplete",
-                pcluster_conn_id=self.pcluster_conn_id,
-                region_name=self.region_name or None,
-                poll_interval=self.poll_interval,
-                max_attempts=self.max_attempts,
-            ),
+            trigger=self._status_trigger("ClusterDeleteComplete"),
             method_name="execute_complete",
             kwargs={"delete_attempt": delete_attempt},
         )

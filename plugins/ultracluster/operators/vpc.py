@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from ultracluster.links import CloudFormationStackLink
+from ultracluster.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags, stack_owner
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-DAG_ID_TAG = "ultracluster:dag-id"
-RUN_ID_TAG = "ultracluster:run-id"
+__all__ = ["DAG_ID_TAG", "RUN_ID_TAG", "CreateVpcStackOperator", "DeleteVpcStackOperator"]
 
 # Stack outputs (vpc.yaml) -> XCom keys.
 _OUTPUT_KEYS = {
@@ -43,7 +43,101 @@ def _stack_tags(tags: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": str(k), "Value": str(v)} for k, v in tags.items()]
 
 
-class CreateVpcStackOperator(BaseOperator):
+class _StackDeleteRounds:
+    """
+    Deferred delete-and-repair rounds of a stack, shared by create_vpc's clean-up and delete_vpc.
+
+    A round starts the deletion (clearing what blocks it), waits in the triggerer, and on failure
+    removes the stack's dependencies through EC2 before the next round. Nothing here waits in the
+    worker: a NAT gateway still releasing its Elastic IP is picked up by the next round.
+    Subclasses say what a deleted or undeletable stack means (``_stack_deleted``/``_stack_left``).
+    """
+
+    aws_conn_id: str | None
+    region_name: str | None
+    deferrable: bool
+    waiter_delay: float
+    waiter_max_attempts: int
+    max_repair_rounds: int
+
+    def _cfn_hook(self):
+        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
+
+        return CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
+
+    def _ec2_client(self):
+        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
+
+        return EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=self.region_name or None).conn
+
+    def _delete_round(self, context: Context, stack_name: str, repair_round: int, **outcome: Any) -> Any:
+        hook = self._cfn_hook()
+        ec2 = self._ec2_client()
+        if start_stack_delete(hook, ec2, stack_name, self.log):
+            leftovers = finish_stack_delete(hook, ec2, stack_name, self.log)
+            if not leftovers:
+                return self._stack_deleted(context, stack_name, **outcome)
+            if repair_round >= self.max_repair_rounds:
+                return self._stack_left(context, stack_name, leftovers, repair_round, **outcome)
+            # E.g. a NAT gateway still deleting holds its subnet and Elastic IP: look again later.
+            from datetime import timedelta
+
+            from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+            self.log.warning("Stack %s is gone but left %s; next round in %s s", stack_name, leftovers, self.waiter_delay)
+            self._require_deferrable()
+            self.defer(
+                trigger=TimeDeltaTrigger(timedelta(seconds=self.waiter_delay)),
+                method_name="delete_round_complete",
+                kwargs={"stack_name": stack_name, "repair_round": repair_round + 1, **outcome},
+            )
+        from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+
+        self._require_deferrable()
+        self.defer(
+            trigger=CloudFormationStackTrigger(
+                stack_name=stack_name,
+                waiter_name="stack_delete_complete",
+                aws_conn_id=self.aws_conn_id,
+                region_name=hook.region_name,
+                waiter_delay=self.waiter_delay,
+                waiter_max_attempts=self.waiter_max_attempts,
+            ),
+            method_name="delete_round_complete",
+            kwargs={"stack_name": stack_name, "repair_round": repair_round, **outcome},
+        )
+
+    def delete_round_complete(
+        self, context: Context, event: Any, stack_name: str = "", repair_round: int = 0, **outcome: Any
+    ) -> Any:
+        """Resume after a round's wait (a stack event, or the pause of a TimeDeltaTrigger)."""
+        payload = event if isinstance(event, dict) else {}
+        stack_name = stack_name or payload.get("stack_name")
+        if payload.get("status", "success") != "success":
+            self.log.warning("Deleting stack %s: %s", stack_name, payload.get("message"))
+            hook = self._cfn_hook()
+            if repair_round >= self.max_repair_rounds:
+                leftovers = leftover_resources(hook.get_conn(), self._ec2_client(), stack_name) or [
+                    f"the stack ({hook.get_stack_status(stack_name)})"
+                ]
+                return self._stack_left(context, stack_name, leftovers, repair_round, **outcome)
+            remove_stack_network(hook.get_conn(), self._ec2_client(), stack_name, self.log, include_vpc=False)
+            repair_round += 1
+        return self._delete_round(context, stack_name, repair_round, **outcome)
+
+    def _require_deferrable(self) -> None:
+        if not self.deferrable:
+            raise RuntimeError(f"{type(self).__name__} waits with a trigger; run it with deferrable=True")
+
+    def _stack_deleted(self, context: Context, stack_name: str, **outcome: Any) -> Any:
+        raise NotImplementedError
+
+    def _stack_left(self, context: Context, stack_name: str, leftovers: list[str], repair_round: int,
+                    **outcome: Any) -> Any:
+        raise NotImplementedError
+
+
+class CreateVpcStackOperator(_StackDeleteRounds, BaseOperator):
     """
     Create (or reattach to) this run's VPC stack, or adopt an existing network.
 
@@ -76,6 +170,7 @@ class CreateVpcStackOperator(BaseOperator):
         deferrable: bool = True,
         waiter_delay: float = 15,
         waiter_max_attempts: int = 240,
+        max_repair_rounds: int = 2,
         pipeline_checks: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -90,18 +185,8 @@ class CreateVpcStackOperator(BaseOperator):
         self.deferrable = deferrable
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
+        self.max_repair_rounds = max_repair_rounds
         self.pipeline_checks = pipeline_checks
-
-    # --- hooks ---
-    def _cfn_hook(self):
-        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
-
-        return CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
-
-    def _ec2_client(self):
-        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
-
-        return EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=self.region_name or None).conn
 
     # --- execute ---
     def execute(self, context: Context) -> dict:
@@ -122,13 +207,12 @@ class CreateVpcStackOperator(BaseOperator):
             self._check_owner(hook, run_id)
             self.log.info("Stack %s of this run exists (%s): reattaching", self.stack_name, status)
         if status in ("ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED", "ROLLBACK_IN_PROGRESS"):
-            hook.delete_stack(self.stack_name)
-            raise RuntimeError(
-                f"Stack {self.stack_name} failed earlier ({status}); its deletion was started. "
-                "Retry the task once it is gone."
-            )
+            # An earlier try failed and did not finish its clean-up: finish it, then fail.
+            self._fail_and_clean_up(hook, f"it failed earlier ({status})", context)
         if status in ("DELETE_IN_PROGRESS", "DELETE_FAILED"):
-            raise RuntimeError(f"Stack {self.stack_name} is {status}; retry once it is gone.")
+            # A killed earlier try deleted it (trigger on_kill): finish that delete, then create anew.
+            self.log.info("Stack %s of this run is %s: deleting it, then creating it again", self.stack_name, status)
+            return self._delete_round(context, self.stack_name, 0, failure=None)
         if status is None:
             self._create(hook, context)
             status = hook.get_stack_status(self.stack_name)
@@ -136,42 +220,47 @@ class CreateVpcStackOperator(BaseOperator):
             context=context, region_name=hook.region_name, stack_name=self.stack_name
         )
         if status in _IN_PROGRESS:
-            if self.deferrable:
-                from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+            from ultracluster.triggers.pcluster import CloudFormationStackTrigger
 
-                self.defer(
-                    trigger=CloudFormationStackTrigger(
-                        stack_name=self.stack_name,
-                        waiter_name="stack_create_complete",
-                        aws_conn_id=self.aws_conn_id,
-                        region_name=hook.region_name,
-                        waiter_delay=self.waiter_delay,
-                        waiter_max_attempts=self.waiter_max_attempts,
-                        owner_run_id=run_id,
-                        delete_on_kill=True,
-                    ),
-                    method_name="execute_complete",
-                )
-            hook.get_waiter("stack_create_complete").wait(
-                StackName=self.stack_name,
-                WaiterConfig={"Delay": self.waiter_delay, "MaxAttempts": self.waiter_max_attempts},
+            self._require_deferrable()
+            self.defer(
+                trigger=CloudFormationStackTrigger(
+                    stack_name=self.stack_name,
+                    waiter_name="stack_create_complete",
+                    aws_conn_id=self.aws_conn_id,
+                    region_name=hook.region_name,
+                    waiter_delay=self.waiter_delay,
+                    waiter_max_attempts=self.waiter_max_attempts,
+                    owner_run_id=run_id,
+                    delete_on_kill=True,
+                ),
+                method_name="execute_complete",
             )
-            status = hook.get_stack_status(self.stack_name)
         if status not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
-            self._fail_and_clean_up(hook, f"stack reached {status}")
+            self._fail_and_clean_up(hook, f"stack reached {status}", context)
         return self._outputs(hook)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
         hook = self._cfn_hook()
         if event.get("status") != "success":
-            self._fail_and_clean_up(hook, event.get("message") or str(event))
+            self._fail_and_clean_up(hook, event.get("message") or str(event), context)
         return self._outputs(hook)
+
+    def _stack_deleted(self, context: Context, stack_name: str, failure: str | None = None) -> dict:
+        if failure is None:  # the leftover of a killed try is gone: create the stack now
+            return self.execute(context)
+        raise RuntimeError(f"Creating stack {stack_name} failed: {failure}. Clean-up deleted the stack.")
+
+    def _stack_left(self, context: Context, stack_name: str, leftovers: list[str], repair_round: int,
+                    failure: str | None = None) -> dict:
+        what = f"Creating stack {stack_name} failed: {failure}." if failure else f"Stack {stack_name} of an earlier try."
+        raise RuntimeError(f"{what} Clean-up left after {repair_round} repair rounds: {', '.join(leftovers)}")
 
     # --- helpers ---
     def _create(self, hook, context: Context) -> None:
         template = Path(self.template_path or default_vpc_template()).read_text()
         availability_zone = self._resolve_availability_zone()
-        tags = {**self.tags, DAG_ID_TAG: context["dag"].dag_id, RUN_ID_TAG: context["run_id"]}
+        tags = {**self.tags, **ownership_tags(context["dag"].dag_id, context["run_id"])}
         self.log.info("Creating stack %s in %s (%s)", self.stack_name, availability_zone, self.availability_zone_id)
         hook.create_stack(
             self.stack_name,
@@ -204,8 +293,7 @@ class CreateVpcStackOperator(BaseOperator):
         return zones[0]["ZoneName"]
 
     def _check_owner(self, hook, run_id: str) -> None:
-        stack = hook.get_conn().describe_stacks(StackName=self.stack_name)["Stacks"][0]
-        owner = {t["Key"]: t["Value"] for t in stack.get("Tags") or []}.get(RUN_ID_TAG)
+        owner = stack_owner(hook.get_conn(), self.stack_name)
         if owner != run_id:
             raise RuntimeError(
                 f"Stack {self.stack_name} exists but belongs to run {owner!r}, not {run_id!r}; "
@@ -220,7 +308,7 @@ class CreateVpcStackOperator(BaseOperator):
         self.log.info("Network: %s", result)
         return result
 
-    def _fail_and_clean_up(self, hook, reason: str) -> None:
+    def _fail_and_clean_up(self, hook, reason: str, context: Context) -> None:
         """A teardown does not run when its setup failed: delete what this task created, then fail."""
         try:
             events = hook.get_conn().describe_stack_events(StackName=self.stack_name)["StackEvents"]
@@ -232,11 +320,9 @@ class CreateVpcStackOperator(BaseOperator):
                     )
         except Exception as err:  # diagnostics only; never mask the real failure
             self.log.warning("Could not read stack events: %s", err)
-        leftovers = delete_stack_with_repair(hook, self._ec2_client(), self.stack_name, self.log)
-        raise RuntimeError(
-            f"Creating stack {self.stack_name} failed: {reason}. Clean-up "
-            + ("left: " + ", ".join(leftovers) if leftovers else "deleted the stack.")
-        )
+        # Raises from _stack_deleted/_stack_left once the delete-and-repair rounds end.
+        self._delete_round(context, self.stack_name, 0, failure=reason)
+        raise AssertionError("unreachable")
 
     def _adopt_existing(self, network: dict) -> dict:
         """Reuse the user's subnets: check they exist and share one VPC and AZ, create nothing."""
@@ -330,11 +416,8 @@ def remove_stack_network(cfn, ec2, stack_name: str, log, *, include_vpc: bool) -
         for nat in nats:
             eip_ids |= {a["AllocationId"] for a in nat.get("NatGatewayAddresses", []) if a.get("AllocationId")}
             attempt(f"NAT gateway {nat['NatGatewayId']}", ec2.delete_nat_gateway, NatGatewayId=nat["NatGatewayId"])
-        if nats:
-            # An Elastic IP cannot be released while its NAT gateway still holds it.
-            ec2.get_waiter("nat_gateway_deleted").wait(
-                NatGatewayIds=[n["NatGatewayId"] for n in nats], WaiterConfig={"Delay": 15, "MaxAttempts": 40}
-            )
+        # No wait for the NAT gateways here (minutes, in a worker): an Elastic IP or subnet they still
+        # hold fails to go now and is retried by the next deferred round.
         for table in ec2.describe_route_tables(Filters=in_vpc).get("RouteTables", []):
             if any(a.get("Main") for a in table.get("Associations", [])):
                 continue  # the main table goes with the VPC
@@ -410,38 +493,22 @@ def finish_stack_delete(hook, ec2, stack_name: str, log) -> list[str]:
     ]
 
 
-def delete_stack_with_repair(hook, ec2, stack_name: str, log, rounds: int = 2) -> list[str]:
-    """Synchronous delete + wait + repair rounds; returns leftovers (empty when all is gone)."""
-    from botocore.exceptions import WaiterError
-
-    cfn = hook.get_conn()
-    for _ in range(rounds):
-        if start_stack_delete(hook, ec2, stack_name, log):
-            return finish_stack_delete(hook, ec2, stack_name, log)
-        try:
-            hook.get_waiter("stack_delete_complete").wait(
-                StackName=stack_name, WaiterConfig={"Delay": 15, "MaxAttempts": 120}
-            )
-            return finish_stack_delete(hook, ec2, stack_name, log)
-        except WaiterError as err:
-            log.warning("Stack %s did not delete: %s; removing its dependencies", stack_name, err)
-            remove_stack_network(cfn, ec2, stack_name, log, include_vpc=False)
-    if hook.get_stack_status(stack_name) in _GONE:
-        return finish_stack_delete(hook, ec2, stack_name, log)
-    return leftover_resources(cfn, ec2, stack_name) or [f"stack {stack_name} ({hook.get_stack_status(stack_name)})"]
-
-
-class DeleteVpcStackOperator(BaseOperator):
+class DeleteVpcStackOperator(_StackDeleteRounds, BaseOperator):
     """
-    Teardown of create_vpc: delete the run's VPC stack, waiting deferrably.
+    Teardown of create_vpc: check the run's cluster is gone, then delete the run's VPC stack.
 
+    The cluster check runs even for a network the run did not create: delete_cluster's own failure
+    does not decide the run state, this task does. A cluster of this run still being deleted is
+    waited for (deferrably); one in any other state fails the task and the network is kept.
     Gone already counts as success. A refused or failed deletion (DELETE_FAILED, moto's
-    DependencyViolation) gets its dependencies removed through EC2 and is retried; whatever is
-    left after ``max_repair_rounds`` is reported in the error. A network the run did not create
-    (``vpc["owned"]`` False) is left alone.
+    DependencyViolation) gets its dependencies removed through EC2 and is retried in deferred
+    rounds; whatever is left after ``max_repair_rounds`` is reported in the error. A network the
+    run did not create (``vpc["owned"]`` False) is left alone.
+
+    :param cluster_name: the run's cluster (delete_cluster's name); empty skips the check.
     """
 
-    template_fields: Sequence[str] = ("vpc", "stack_name", "region_name")
+    template_fields: Sequence[str] = ("vpc", "stack_name", "region_name", "cluster_name")
     operator_extra_links = (CloudFormationStackLink(),)
     ui_color = "#f4d8a5"
 
@@ -450,7 +517,9 @@ class DeleteVpcStackOperator(BaseOperator):
         *,
         vpc: dict | None = None,
         stack_name: str | None = None,
+        cluster_name: str | None = None,
         aws_conn_id: str | None = "aws_default",
+        pcluster_conn_id: str = "pcluster_default",
         region_name: str | None = None,
         deferrable: bool = True,
         waiter_delay: float = 15,
@@ -461,22 +530,14 @@ class DeleteVpcStackOperator(BaseOperator):
         super().__init__(**kwargs)
         self.vpc = vpc
         self.stack_name = stack_name
+        self.cluster_name = cluster_name
         self.aws_conn_id = aws_conn_id
+        self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
         self.deferrable = deferrable
         self.waiter_delay = waiter_delay
         self.waiter_max_attempts = waiter_max_attempts
         self.max_repair_rounds = max_repair_rounds
-
-    def _cfn_hook(self):
-        from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
-
-        return CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
-
-    def _ec2_client(self):
-        from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
-
-        return EC2Hook(api_type="client_type", aws_conn_id=self.aws_conn_id, region_name=self.region_name or None).conn
 
     def _target(self) -> str | None:
         vpc = self.vpc if isinstance(self.vpc, dict) else {}
@@ -485,56 +546,75 @@ class DeleteVpcStackOperator(BaseOperator):
         return vpc.get("stack_name") or self.stack_name
 
     def execute(self, context: Context) -> dict:
+        self._check_cluster_gone(context)
+        return self._delete_network(context)
+
+    def _check_cluster_gone(self, context: Context) -> None:
+        """Return when the run's cluster is gone; defer while it is deleting; raise otherwise."""
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+        from ultracluster.parsers.pcluster import ClusterNotFoundError
+        from ultracluster.tags import cluster_owner
+
+        if not self.cluster_name:
+            return
+        hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
+        try:
+            description = hook.describe_cluster(self.cluster_name)
+        except ClusterNotFoundError:
+            self.log.info("Cluster %s is gone", self.cluster_name)
+            return
+        owner = cluster_owner(description)
+        if owner != context["run_id"]:
+            self.log.info("Cluster %s belongs to run %r, not this one: not waited for", self.cluster_name, owner)
+            return
+        status = description.get("clusterStatus")
+        if status == "DELETE_IN_PROGRESS":
+            from ultracluster.triggers.pcluster import ClusterStatusTrigger
+
+            self.log.info("Cluster %s is still being deleted: waiting before the network goes", self.cluster_name)
+            self._require_deferrable()
+            self.defer(
+                trigger=ClusterStatusTrigger(
+                    cluster_name=self.cluster_name,
+                    waiter_name="ClusterDeleteComplete",
+                    pcluster_conn_id=self.pcluster_conn_id,
+                    region_name=self.region_name or None,
+                    poll_interval=self.waiter_delay,
+                    max_attempts=self.waiter_max_attempts,
+                ),
+                method_name="cluster_gone_complete",
+            )
+        raise RuntimeError(
+            f"Cluster {self.cluster_name} of this run still exists ({status}): delete_cluster did not delete it. "
+            "The network is kept; delete the cluster, then clear delete_cluster and delete_vpc."
+        )
+
+    def cluster_gone_complete(self, context: Context, event: dict[str, Any]) -> dict:
+        if event.get("status") != "success":
+            raise RuntimeError(
+                f"Cluster {self.cluster_name} of this run did not finish deleting "
+                f"({event.get('cluster_status') or event.get('status')}): {event.get('message')}. The network is kept."
+            )
+        self.log.info("Cluster %s is gone", self.cluster_name)
+        return self._delete_network(context)
+
+    def _delete_network(self, context: Context) -> dict:
         stack_name = self._target()
         if stack_name is None:
             self.log.info("Network %s was not created by this run: left alone", (self.vpc or {}).get("vpc_id"))
             return {"deleted": False, "stack_name": None, "reason": "not owned"}
-        return self._delete_round(context, stack_name, repair_round=0)
+        return self._delete_round(context, stack_name, 0)
 
-    def _delete_round(self, context: Context, stack_name: str, repair_round: int) -> dict:
-        hook = self._cfn_hook()
-        ec2 = self._ec2_client()
-        if start_stack_delete(hook, ec2, stack_name, self.log):
-            return self._finish(hook, ec2, stack_name)
-        if self.deferrable:
-            from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+    def execute_complete(self, context: Context, event: dict[str, Any], repair_round: int = 0) -> dict:
+        # Resume point of deferrals made before the rounds moved to delete_round_complete.
+        return self.delete_round_complete(context, event, stack_name=event.get("stack_name") or self._target(),
+                                          repair_round=repair_round)
 
-            self.defer(
-                trigger=CloudFormationStackTrigger(
-                    stack_name=stack_name,
-                    waiter_name="stack_delete_complete",
-                    aws_conn_id=self.aws_conn_id,
-                    region_name=hook.region_name,
-                    waiter_delay=self.waiter_delay,
-                    waiter_max_attempts=self.waiter_max_attempts,
-                ),
-                method_name="execute_complete",
-                kwargs={"repair_round": repair_round},
-            )
-        leftovers = delete_stack_with_repair(hook, ec2, stack_name, self.log, rounds=self.max_repair_rounds)
-        if leftovers:
-            raise RuntimeError(f"Stack {stack_name} not fully deleted; left: {', '.join(leftovers)}")
-        return {"deleted": True, "stack_name": stack_name}
-
-    def _finish(self, hook, ec2, stack_name: str) -> dict:
-        leftovers = finish_stack_delete(hook, ec2, stack_name, self.log)
-        if leftovers:
-            raise RuntimeError(f"Stack {stack_name} deleted but left: {', '.join(leftovers)}")
+    def _stack_deleted(self, context: Context, stack_name: str) -> dict:
         self.log.info("Stack %s deleted", stack_name)
         return {"deleted": True, "stack_name": stack_name}
 
-    def execute_complete(self, context: Context, event: dict[str, Any], repair_round: int = 0) -> dict:
-        stack_name = event.get("stack_name") or self._target()
-        hook = self._cfn_hook()
-        ec2 = self._ec2_client()
-        if event.get("status") == "success":
-            return self._finish(hook, ec2, stack_name)
-        self.log.warning("Deleting stack %s: %s", stack_name, event.get("message"))
-        if repair_round >= self.max_repair_rounds:
-            leftovers = leftover_resources(hook.get_conn(), ec2, stack_name)
-            raise RuntimeError(
-                f"Stack {stack_name} not deleted after {repair_round} repair rounds; left: "
-                + (", ".join(leftovers) or f"the stack ({hook.get_stack_status(stack_name)})")
-            )
-        remove_stack_network(hook.get_conn(), ec2, stack_name, self.log, include_vpc=False)
-        return self._delete_round(context, stack_name, repair_round + 1)
+    def _stack_left(self, context: Context, stack_name: str, leftovers: list[str], repair_round: int) -> dict:
+        raise RuntimeError(
+            f"Stack {stack_name} not deleted after {repair_round} repair rounds; left: {', '.join(leftovers)}"
+        )

@@ -25,11 +25,27 @@ _ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
 # Longest stderr tail kept in an error: enough to diagnose, short enough for a log line.
 _STDERR_TAIL_CHARS = 2000
 
+# Presigned S3 URLs (describe-cluster's clusterConfiguration.url) are secrets: errors reach logs.
+_SIGNED_URL = re.compile(r"https?://[^\s\"'<>]*?(?:X-Amz-Signature|Signature)=[^\s\"'<>]*", re.IGNORECASE)
+# A tail cut inside a URL loses its scheme: drop the signing values themselves too.
+_SIGNING_PARAM = re.compile(
+    r"(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|AWSAccessKeyId|x-amz-security-token)"
+    r"=[^&\s\"'<>]*",
+    re.IGNORECASE,
+)
+
+
+def redact_signed_urls(text: str) -> str:
+    """``text`` with every presigned URL (and any stray signing parameter) replaced."""
+    text = _SIGNED_URL.sub("<redacted presigned URL>", text)
+    return _SIGNING_PARAM.sub(r"\1=<redacted>", text)
+
 
 class PclusterError(Exception):
     """pcluster failed; ``message`` is pcluster's own text, ``payload`` its parsed JSON (or {})."""
 
     def __init__(self, message: str, exit_code: int | None = None, payload: dict | None = None):
+        message = redact_signed_urls(message)
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
@@ -61,7 +77,7 @@ class ClusterValidationError(PclusterError):
             f"{e.get('level', '?')} {e.get('type', '?')}: {e.get('message', '')}"
             for e in self.configuration_validation_errors
         )
-        return f"{self.message} {details}".strip()
+        return redact_signed_urls(f"{self.message} {details}".strip())
 
 
 def _decode_json(text: str) -> Any:
@@ -87,12 +103,14 @@ def parse_cli_result(returncode: int, stdout: str, stderr: str) -> dict:
     if returncode == 0 and isinstance(payload, dict):
         return payload
     if returncode == 0:
+        # Redact before cutting: a whole URL is recognised by its scheme.
         raise PclusterError(
-            f"pcluster exited 0 but did not print a JSON object: {stdout[-_STDERR_TAIL_CHARS:]!r}",
+            f"pcluster exited 0 but did not print a JSON object: "
+            f"{redact_signed_urls(stdout)[-_STDERR_TAIL_CHARS:]!r}",
             exit_code=returncode,
         )
     if not isinstance(payload, dict):
-        tail = (stderr or stdout or "").strip()[-_STDERR_TAIL_CHARS:]
+        tail = redact_signed_urls((stderr or stdout or "").strip())[-_STDERR_TAIL_CHARS:]
         raise PclusterError(f"pcluster exited {returncode}: {tail}", exit_code=returncode)
 
     message = str(payload.get("message") or f"pcluster exited {returncode}")

@@ -11,6 +11,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from ultracluster.triggers._kill_guard import task_is_still_deferred
+
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
 MAX_CONSECUTIVE_ERRORS = 5
 
@@ -137,8 +139,12 @@ class ClusterStatusTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         if not (self.delete_on_kill and self.owner_run_id):
             return
-        from ultracluster.operators.pcluster import RUN_ID_TAG
-        from ultracluster.parsers.pcluster import PclusterError, tags_dict
+        if await task_is_still_deferred(self.task_instance):
+            # A triggerer hand-over, not a user kill: the wait goes on elsewhere.
+            self.log.warning("on_kill while the task is still deferred (trigger moved?); %s kept", self.cluster_name)
+            return
+        from ultracluster.parsers.pcluster import PclusterError
+        from ultracluster.tags import cluster_owner
 
         hook = self._hook()
         try:
@@ -146,7 +152,7 @@ class ClusterStatusTrigger(BaseTrigger):
         except PclusterError as error:
             self.log.warning("on_kill: cannot describe %s, nothing deleted: %s", self.cluster_name, error)
             return
-        if tags_dict(description).get(RUN_ID_TAG) != self.owner_run_id:
+        if cluster_owner(description) != self.owner_run_id:
             self.log.warning("on_kill: cluster %s is not tagged with this run; left alone", self.cluster_name)
             return
         self.log.info("on_kill: deleting cluster %s created by this run", self.cluster_name)
@@ -206,11 +212,10 @@ class CloudFormationStackTrigger(BaseTrigger):
     def _delete_if_owned(self) -> str:
         from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHook
 
-        from ultracluster.operators.vpc import RUN_ID_TAG
+        from ultracluster.tags import stack_owner
 
         hook = CloudFormationHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name)
-        stacks = hook.get_conn().describe_stacks(StackName=self.stack_name)["Stacks"]
-        owner = {t["Key"]: t["Value"] for t in stacks[0].get("Tags") or []}.get(RUN_ID_TAG)
+        owner = stack_owner(hook.get_conn(), self.stack_name)
         if owner != self.owner_run_id:
             return f"stack {self.stack_name} belongs to run {owner!r}: left alone"
         hook.delete_stack(self.stack_name)
@@ -218,6 +223,10 @@ class CloudFormationStackTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         if not (self.delete_on_kill and self.owner_run_id):
+            return
+        if await task_is_still_deferred(self.task_instance):
+            # A triggerer hand-over, not a user kill: the wait goes on elsewhere.
+            self.log.warning("on_kill while the task is still deferred (trigger moved?); %s kept", self.stack_name)
             return
         try:
             self.log.info("on_kill: %s", await asyncio.to_thread(self._delete_if_owned))

@@ -18,6 +18,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers import slurm as parse
+from ultracluster.triggers._kill_guard import task_is_still_deferred
 
 # Lines of the Slurm log copied into the task log (the rest stays in the log file).
 _STREAMED_MARKERS = ("UC_PROGRESS ", "UC_RESULTS ", "UC_ERROR ", "UC_INFO ")
@@ -27,37 +28,6 @@ def _backoff(attempt: int, cap: float = 60.0) -> float:
     """Exponential with jitter so many triggers do not hammer a recovering sshd in lockstep."""
     base = min(2.0 ** min(attempt, 10), cap)
     return base / 2 + random.uniform(0, base / 2)
-
-
-async def task_is_still_deferred(task_instance: Any) -> bool:
-    """True when the task instance is still deferred, i.e. on_kill fired without a user kill.
-
-    Works around an upstream bug where moving a trigger to another triggerer also calls on_kill:
-    a user's mark-failed/success or clear changes the state first, a move does not. When the
-    state cannot be read, return False (the kill is taken as real: the user asked for it).
-    """
-    if task_instance is None:
-        return False
-    map_index = getattr(task_instance, "map_index", -1)
-    if map_index is None:
-        map_index = -1
-    try:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-        # Sync SDK call through the triggerer's comms: run it off the event loop thread.
-        states = await asyncio.to_thread(
-            RuntimeTaskInstance.get_task_states,
-            dag_id=task_instance.dag_id,
-            task_ids=[task_instance.task_id],
-            run_ids=[task_instance.run_id],
-            map_index=map_index,
-        )
-    except Exception:
-        return False
-    # The execution API keys mapped instances as "<task_id>_<map_index>".
-    key = task_instance.task_id if map_index < 0 else f"{task_instance.task_id}_{map_index}"
-    state = (states or {}).get(task_instance.run_id, {}).get(key)
-    return str(getattr(state, "value", state)).lower() == "deferred"
 
 
 class SlurmJobTrigger(BaseTrigger):
