@@ -46,10 +46,6 @@ class RemoteCommand:
     def __str__(self) -> str:
         return self.description
 
-    @property
-    def has_secret_input(self) -> bool:
-        return self.stdin is not None
-
 
 def _from_argv(*argv: str, description: str | None = None) -> RemoteCommand:
     words = tuple(str(word) for word in argv)
@@ -155,7 +151,7 @@ def sbatch(
 ) -> RemoteCommand:
     """``sbatch --exclusive --nodes N --wrap "srun [launcher] script"`` from the job directory.
 
-    The job environment is set with ``env NAME=value sbatch --export=ALL``: sbatch hands its own
+    The job environment is set with ``env NAME=value sbatch --export ALL``: sbatch hands its own
     environment to the job, and unlike ``--export=ALL,NAME=value`` a value may contain commas.
     When ``launcher`` is given but missing on the batch node (``command -v``), the script runs
     without it and with ``launcher_fallback_env`` added (the script's own compile-only mode).
@@ -229,10 +225,6 @@ def make_dirs(*paths: str) -> RemoteCommand:
     return _from_argv("mkdir", "-p", "--", *paths)
 
 
-def make_executable(path: str) -> RemoteCommand:
-    return _from_argv("chmod", "a+rx", "--", path)
-
-
 def read_file(path: str, max_bytes: int = 1_000_000) -> RemoteCommand:
     """The file's content, or empty output (exit 0) when it does not exist."""
     quoted = shlex.quote(path)
@@ -287,10 +279,6 @@ def write_file(path: str, content: str) -> RemoteCommand:
         description=f"write {path}",
         stdin=content,
     )
-
-
-def command_exists(program: str) -> RemoteCommand:
-    return RemoteCommand(shell=f"command -v {shlex.quote(program)}", description=f"command -v {program}")
 
 
 # ----------------------------------------------------------------------------------- dataset

@@ -62,7 +62,8 @@ class Store(dict):
 
 
 def ctx(task_id: str, store: Store | None = None, run_id: str = "manual__it_1") -> dict:
-    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id=run_id, task_id=task_id, map_index=-1)
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id=run_id, task_id=task_id, map_index=-1,
+                         xcom_push=lambda **_: None)  # collect_results persists its extra link
     return {"ti": ti, "task_state_store": store if store is not None else Store(), "outlet_events": OutletEvents()}
 
 
@@ -183,6 +184,21 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     same_name = slurm.squeue_by_name(rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train"))
     assert [j.job_id for j in same_name] == [trained["job_id"]]
 
+    # A stored job id that now names another job (a rebuilt cluster restarts ids at 1; here the
+    # compile job in a shared job dir) is not taken for this task's job: a new one is submitted.
+    from ultracluster.operators.slurm import STATE_KEY_JOB_ID
+
+    assert slurm.squeue_job("999999") == []  # an id slurmctld does not know
+    compile_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "parallel_compile")
+    name_marker = rc.job_name_marker_path("/fsx/jobs/compile", compiled["job_id"])
+    assert slurm.head_node_hook.check(rc.read_file(name_marker)).stdout.strip() == compile_name
+    clash = Store({STATE_KEY_JOB_ID: compiled["job_id"]})
+    retrain = SlurmJobOperator(task_id="train", head_node=head, job_dir="/fsx/jobs/compile", num_nodes=2,
+                               job_env=env, training_files_dir=str(training), deferrable=False, poll_interval=1)
+    rerun = retrain.execute(ctx("train", clash, run_id="manual__it_2"))
+    assert rerun["job_id"] != compiled["job_id"] and rerun["state"] == "COMPLETED"
+    assert clash[STATE_KEY_JOB_ID] == rerun["job_id"]
+
     # collect_results: upload to moto through presigned PUT URLs and curl on the head node
     collect = CollectResultsOperator(task_id="collect_results", head_node=head, train=trained,
                                      artifacts_s3_uri="s3://ultracluster-artifacts", num_nodes=2)
@@ -250,8 +266,8 @@ def test_trigger_rides_out_a_head_node_ssh_outage(uc_home, uc_env, make_cluster_
         from ultracluster import remote_commands as rc
 
         slurm.head_node_hook.check(rc.make_dirs("/fsx/jobs/outage"))
-        slurm.head_node_hook.check(rc.write_file("/fsx/jobs/outage/job.sh", "#!/bin/bash\nsleep 15\necho done\n"))
-        slurm.head_node_hook.check(rc.make_executable("/fsx/jobs/outage/job.sh"))
+        (tmp_path / "job.sh").write_text("#!/bin/bash\nsleep 15\necho done\n")
+        slurm.head_node_hook.put_file(str(tmp_path / "job.sh"), "/fsx/jobs/outage/job.sh", mode=0o755)
         job_id = slurm.sbatch(job_dir="/fsx/jobs/outage", script_path="/fsx/jobs/outage/job.sh", num_nodes=1,
                               job_name="uc.outage", comment="outage test", job_env={}, exclusive=False)
         # Start watching only once sshd is really down, so the trigger must meet the outage.
@@ -306,7 +322,8 @@ def test_node_failure_fails_the_task_with_node_fail(uc_home, uc_env, make_cluste
         wait_until_gone(uc_env, "nodekill", timeout=120)
 
 
-def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
+def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch,
+                                                       tmp_path):
     """With slurmdbd (Scheduling.SlurmSettings.Database) sacct answers; the parser reads its real output.
 
     Set UC_CAPTURE_DIR to also write the raw outputs (how tests/fixtures/slurm/sacct_*.out were made).
@@ -335,8 +352,8 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         slurm = SlurmHook(head_node=event["head_node"])
         node = slurm.head_node_hook
         node.check(rc.make_dirs("/fsx/jobs/acct"))
-        node.check(rc.write_file("/fsx/jobs/acct/fail.sh", "#!/bin/bash\necho failing\nexit 3\n"))
-        node.check(rc.make_executable("/fsx/jobs/acct/fail.sh"))
+        (tmp_path / "fail.sh").write_text("#!/bin/bash\necho failing\nexit 3\n")
+        node.put_file(str(tmp_path / "fail.sh"), "/fsx/jobs/acct/fail.sh", mode=0o755)
         job_id = slurm.sbatch(job_dir="/fsx/jobs/acct", script_path="/fsx/jobs/acct/fail.sh", num_nodes=1,
                               job_name="uc.acct", comment="accounting test", job_env={})
         deadline = time.monotonic() + 60
@@ -352,6 +369,9 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
             time.sleep(1)
         assert result.ok and not parse.is_accounting_disabled(result.stdout + result.stderr), result
         assert status is not None and (status.state, status.exit_code, status.source) == ("FAILED", 3, "sacct"), result
+        # Filtered by name, sacct lists the id only for a job of that name (ids repeat across clusters).
+        assert _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.acct")), "uc.acct").state == "FAILED"
+        assert _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.other")), "uc.other") is None
         if os.environ.get("UC_CAPTURE_DIR"):
             capture = Path(os.environ["UC_CAPTURE_DIR"])
             (capture / "sacct_failed.cmd").write_text(rc.sacct_job(job_id).shell + "\n")
