@@ -16,8 +16,8 @@ case "${1:-}" in
     "$venvs/airflow/bin/airflow" db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1
     setsid "$venvs/airflow/bin/airflow" standalone >"$AIRFLOW_HOME/standalone.log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
-    for _ in $(seq 120); do healthy && break; sleep 1; done
-    healthy || { echo "airflow: not healthy after 120 s, see $AIRFLOW_HOME/standalone.log" >&2; exit 1; }
+    for _ in $(seq 180); do healthy && break; running || break; sleep 1; done
+    healthy || { echo "airflow: not healthy, see $AIRFLOW_HOME/standalone.log" >&2; tail -20 "$AIRFLOW_HOME/standalone.log" >&2; bash "$0" stop; exit 1; }
     echo "airflow: up on http://127.0.0.1:$AIRFLOW_PORT (admin/admin)"
     ;;
   stop)

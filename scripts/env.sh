@@ -4,6 +4,8 @@ venvs=$repo/.venvs
 export LOCAL_ULTRACLUSTER_HOME=${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}
 export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:5055}
 export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
+# `airflow standalone` starts its components as `airflow ...` from PATH.
+export PATH=$venvs/airflow/bin:$PATH
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$repo/.airflow}
 export AIRFLOW_PORT=${AIRFLOW_PORT:-8080}
 export AIRFLOW__CORE__DAGS_FOLDER=$repo/dags

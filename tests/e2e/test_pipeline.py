@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, REPO, VENVS, assert_nothing_left, results_in_s3
+from tests.e2e.conftest import DAG_ID, REPO, VENVS, _s3, assert_nothing_left, results_in_s3
 
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -41,6 +41,11 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
     assert names.get("results.json", 0) > 0, "\n".join(f"{k} {v}" for k, v in keys.items())
     assert [n for n in names if n.startswith("log_ph1_bf16_")], keys
     assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/runs/results/{DAG_ID}/{run_id}/"
+    # It really trained: the running loss recorded in results.json falls clearly over the 40 steps.
+    key = next(k for k in keys if k.endswith("/results.json"))
+    body = _s3(env["AWS_ENDPOINT_URL"]).get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read()
+    losses = [m["MeasuredValue"] for m in json.loads(body)["results"]["metrics"] if m["MetricName"] == "Loss"]
+    assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
 
 
 def test_dag_test_runs_the_whole_pipeline(deployment, uc_home):

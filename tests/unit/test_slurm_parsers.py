@@ -51,6 +51,14 @@ def test_scontrol_comment_and_multiline_equal_oneliner():
     assert multi.num_nodes == 1
 
 
+def test_scontrol_comment_with_spaces_keeps_lowercase_words():
+    # The operator's --comment is "ultracluster run_id=<id>": run_id= must stay inside the value.
+    text = fixture("scontrol_running.out").replace("Comment=run_id=", "Comment=ultracluster run_id=")
+    info = parse.parse_scontrol_show_job(text)
+    assert info.comment == "ultracluster run_id=manual__2026-11-30"
+    assert "run_id" not in info.raw and info.raw["StdErr"].endswith("slurm-1.out")
+
+
 def test_scontrol_rejects_other_text():
     with pytest.raises(parse.SlurmParseError):
         parse.parse_scontrol_show_job(fixture("scontrol_unknown_job.out") + fixture("scontrol_unknown_job.err"))

@@ -244,7 +244,8 @@ def parse_squeue(stdout: str) -> list[QueuedJob]:
 
 # A key starts a token: word chars plus the few punctuation marks scontrol uses in keys
 # ("AllocNode:Sid", "CPUs/Task", "ReqB:S:C:T", "NtasksPerN:B:S:C", "Socks/Node").
-_SCONTROL_KEY = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:/]*)=")
+# Slurm's keys are CamelCase; a lower-case word= inside a value (our Comment "ultracluster run_id=...") is not a key.
+_SCONTROL_KEY = re.compile(r"(?:(?<=\s)|^)([A-Z][A-Za-z0-9_:/]*)=")
 
 
 def parse_scontrol_kv(text: str) -> dict[str, str]:
