@@ -5,8 +5,10 @@ head node with Airflow's SSHHook, verifying its host key.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -123,6 +125,13 @@ class Cluster:
         ports = [slurm["slurmctld_port"], *slurm["slurmd_ports"].values()]
         return ports + ([slurm["slurmdbd_port"]] if slurm.get("slurmdbd_port") else [])
 
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where each Slurm daemon listens: its own node's address, never 0.0.0.0."""
+        slurm = self.runtime["slurm"]
+        addresses = [(self.head_ip, slurm["slurmctld_port"])]
+        addresses += [(self.head_ip, slurm["slurmdbd_port"])] if slurm.get("slurmdbd_port") else []
+        return addresses + [(n["ip"], n["port"]) for n in self.runtime["nodes"]]
+
     def teardown(self) -> None:
         self.home.runtime("teardown", str(self.dir))
 
@@ -148,7 +157,7 @@ def processes_mentioning(text: str) -> list[str]:
 def assert_cluster_gone(cluster: Cluster) -> None:
     assert not cluster.dir.exists()
     assert processes_mentioning(str(cluster.dir)) == []
-    assert [p for p in cluster.ports() if listening("127.0.0.1", p)] == []
+    assert [a for a in cluster.addresses() if listening(*a)] == []
     assert not listening(cluster.head_ip, cluster.ssh_port)
 
 
@@ -174,6 +183,48 @@ def uc_home() -> Iterator[UcHome]:
                                 ignore=shutil.ignore_patterns("shared", "spool"))
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Listener:
+    address: str      # as ss prints it: 127.100.240.1, 0.0.0.0, *, [::]
+    port: int
+    pids: tuple[int, ...]
+    commands: tuple[str, ...]
+
+
+def tcp_listeners() -> list[Listener]:
+    """Every listening TCP socket of the machine, with the processes holding it (`ss -ltnpH`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        address, _, port = fields[3].rpartition(":")
+        users = " ".join(fields[5:])
+        found.append(Listener(address=address, port=int(port),
+                              pids=tuple(int(p) for p in re.findall(r"pid=(\d+)", users)),
+                              commands=tuple(re.findall(r'\("([^"]+)"', users))))
+    return found
+
+
+def belongs_to(pid: int, cluster: Cluster) -> bool:
+    """A process of the cluster: it sees the cluster's /etc/hosts (every node namespace, job steps, sruns)
+    or its command line names the cluster dir (munged)."""
+    try:
+        hosts = os.stat(f"/proc/{pid}/root/etc/hosts")
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    mine = os.stat(cluster.dir / "etc" / "hosts")
+    return (hosts.st_dev, hosts.st_ino) == (mine.st_dev, mine.st_ino) or str(cluster.dir) in cmd
+
+
+def is_loopback_address(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.strip("[]").split("%")[0])
+    except ValueError:   # "*"
+        return False
+    return ip.is_loopback and not ip.is_unspecified
 
 
 def ssh_hook(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, conn_retry_attempts: int = 3):
@@ -229,6 +280,24 @@ def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatc
     assert sorted(run_over_ssh(hook, "cat /fsx/seen-*").split()) == nodes
     assert sorted(p.name for p in Path(cluster.runtime["shared_dirs"]["/fsx"]).iterdir()) == \
         [f"seen-{n}" for n in nodes]
+
+    # While a 2-node job step runs, every daemon of the cluster (slurmctld, slurmd, sshd) listens on its
+    # own 127.100.k.x address: nothing on 0.0.0.0, [::] or a non-loopback address. srun is the exception
+    # (runtime README): it must listen on 0.0.0.0 because slurmstepd connects back to 127.0.0.1.
+    job_id = sbatch_job_id(run_over_ssh(hook, "cd ~ && sbatch --nodes 2 --output /dev/null --wrap 'srun sleep 300'"))
+    cluster.wait_job_state(job_id, {"RUNNING"})
+    deadline = time.monotonic() + 60
+    ours: list[Listener] = []
+    while time.monotonic() < deadline:
+        ours = [l for l in tcp_listeners() if any(belongs_to(p, cluster) for p in l.pids)]
+        if "srun" in {c for l in ours for c in l.commands}:
+            break
+        time.sleep(0.2)
+    assert "srun" in {c for l in ours for c in l.commands}, ours
+    assert [l for l in ours if not is_loopback_address(l.address) and set(l.commands) != {"srun"}] == []
+    assert set(cluster.addresses()) <= {(l.address, l.port) for l in ours}, ours
+    cluster.slurm("scancel", job_id)
+    cluster.wait_job_state(job_id, {"CANCELLED"})
 
     instances = cluster.describe()["instances"]
     assert [i["nodeType"] for i in instances] == ["HeadNode", "ComputeNode", "ComputeNode"]
@@ -374,7 +443,7 @@ def test_stop_everything_stops_every_cluster_of_a_home(uc_home: UcHome) -> None:
     for cluster in clusters:
         assert any(s.startswith(f"{cluster.dir.name}: slurmctld[") for s in stopped), stopped
         assert processes_mentioning(str(cluster.dir)) == []
-        assert [p for p in cluster.ports() if listening("127.0.0.1", p)] == []
+        assert [a for a in cluster.addresses() if listening(*a)] == []
         assert not listening(cluster.head_ip, cluster.ssh_port)
     # The state stays for inspection; teardown (pcluster delete-cluster) still cleans it up.
     for cluster in clusters:
@@ -424,6 +493,6 @@ def test_failed_provision_cleans_up_what_it_started(uc_home: UcHome) -> None:
     assert list((uc_home.path / "slots").glob("*.json")) == []
     assert (cluster_dir / "log" / "slurmctld.log").exists()   # logs stay for the CLI to report
     partial = Cluster(home=uc_home, dir=cluster_dir, runtime=json.loads((cluster_dir / "runtime.json").read_text()))
-    assert [p for p in partial.ports() if listening("127.0.0.1", p)] == []
+    assert [a for a in partial.addresses() if listening(*a)] == []
     partial.teardown()
     assert not cluster_dir.exists()

@@ -114,7 +114,7 @@ def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_bo
     paths.node_spool(name).mkdir(parents=True, exist_ok=True)
     launched = launch_in_namespace(
         paths, name, slurmd_pid_file(paths, name), paths.logs / f"slurmd-{name}.out",
-        ["/usr/sbin/slurmd", "-D", "-f", str(paths.slurm_conf), "-N", name],
+        ["/usr/sbin/slurmd", "-D", "-f", str(paths.slurm_daemon_conf), "-N", name],
         mount_dirs, fresh_boot=fresh_boot, extra_binds=[f"{paths.node_spool(name)}={NODE_SPOOL_DIR}"])
     state = NodeState(name=name, state="running", pid=launched.pid, uts_ns=launched.uts_ns,
                       instance_id=new_instance_id(), launch_time=utc_now_iso())

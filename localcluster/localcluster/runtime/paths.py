@@ -50,6 +50,11 @@ class ClusterPaths:
         return self.etc / "slurm" / "slurm.conf"
 
     @property
+    def slurm_daemon_conf(self) -> Path:
+        """slurm.conf plus the address binding only the daemons may have (see slurmconf.py)."""
+        return self.etc / "slurm" / "slurm-daemons.conf"
+
+    @property
     def slurmdbd_conf(self) -> Path:
         return self.etc / "slurm" / "slurmdbd.conf"
 

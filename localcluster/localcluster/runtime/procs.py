@@ -158,8 +158,8 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def tcp_port_free(port: int, host: str = "0.0.0.0") -> bool:
-    """Slurm daemons bind 0.0.0.0, so a port is usable only if nothing holds it on any address."""
+def tcp_port_free(port: int, host: str) -> bool:
+    """Whether `port` can be bound on `host` (a wildcard listener on the port also blocks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -74,6 +74,9 @@ def _write_power_scripts(paths: ClusterPaths) -> None:
         script.write_text(f"#!/bin/sh\nexec {sys.executable} -I -m localcluster.runtime.power {action} "
                           f"{paths.root} \"$@\"\n")
         script.chmod(0o755)
+    prolog = paths.bin / "task-prolog"
+    prolog.write_text(f"#!/bin/sh\necho export SLURM_CONF={paths.slurm_conf}\n")
+    prolog.chmod(0o755)
 
 
 def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: str,
@@ -131,10 +134,12 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
 
     paths.slurm_conf.write_text(render_slurm_conf(spec, paths, slot, head_name, nodes, acct))
     paths.slurm_conf.chmod(0o644)
+    paths.slurm_daemon_conf.write_text(render_slurm_conf(spec, paths, slot, head_name, nodes, acct, daemons=True))
+    paths.slurm_daemon_conf.chmod(0o644)
     _write_power_scripts(paths)
     (paths.spool / "slurmctld").mkdir(exist_ok=True)
     ctld = head_launch(paths, head_name, "slurmctld",
-                       ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(paths.slurm_conf)], mounts)
+                       ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(paths.slurm_daemon_conf)], mounts)
     if not wait_listening(slot.head_ip, slot.slurmctld_port, timeout=30, pid=ctld.pid):
         raise RuntimeProvisionError(f"slurmctld did not start; see {paths.logs}/slurmctld.log")
 

@@ -72,8 +72,10 @@ def _locked(home: Path) -> Iterator[Path]:
 
 
 def _slot_usable(slot: Slot, node_count: int, ssh_port: int) -> bool:
-    ports = [slot.slurmctld_port, slot.slurmdbd_port] + [slot.slurmd_port(i) for i in range(1, node_count + 1)]
-    if not all(tcp_port_free(p) for p in ports):
+    # Each daemon binds only its own address (CommunicationParameters=NoInAddrAny,NoCtldInAddrAny).
+    wanted = [(slot.head_ip, slot.slurmctld_port), (slot.head_ip, slot.slurmdbd_port)]
+    wanted += [(slot.compute_ip(i), slot.slurmd_port(i)) for i in range(1, node_count + 1)]
+    if not all(tcp_port_free(port, ip) for ip, port in wanted):
         return False
     return not tcp_listening(slot.head_ip, ssh_port)
 

@@ -42,7 +42,8 @@ def _node_line(node: ComputeNode) -> str:
 
 
 def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: str,
-                      nodes: list[ComputeNode], accounting: Accounting | None) -> str:
+                      nodes: list[ComputeNode], accounting: Accounting | None, daemons: bool = False) -> str:
+    """slurm.conf for clients; with `daemons`, the copy slurmctld and slurmd read (-f)."""
     static = [n.name for n in nodes if not n.dynamic]
     lines = [
         f"# Local UltraCluster {spec.name} (slot {slot.index})",
@@ -67,11 +68,16 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",
         "MpiDefault=none",
+        # slurmd puts its own conf (slurm-daemons.conf) in SLURM_CONF of every job; tasks get this one back.
+        f"TaskProlog={paths.bin}/task-prolog",
         "MailProg=/bin/true",
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
         # One hop from slurmctld to every node, as pcluster configures for cloud nodes.
         "TreeWidth=65533",
-        "CommunicationParameters=NoAddrCache",
+        # Daemons bind the address their hostname resolves to (their 127.100.k.x), not 0.0.0.0. Clients
+        # (srun) must not: all nodes share one network namespace, so srun's connections leave from
+        # 127.0.0.1 and slurmstepd connects back to that address, which an srun bound to its node IP refuses.
+        "CommunicationParameters=NoAddrCache" + (",NoInAddrAny,NoCtldInAddrAny" if daemons else ""),
         f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         # A killed node ends its job as NODE_FAIL instead of silently requeueing it.
         "JobRequeue=0",
@@ -115,6 +121,8 @@ def render_slurmdbd_conf(paths: ClusterPaths, slot: Slot, head_name: str, accoun
         f"DbdHost={head_name}",
         f"DbdAddr={slot.head_ip}",
         f"DbdPort={slot.slurmdbd_port}",
+        # slurmdbd then binds the head IP its hostname resolves to, not 0.0.0.0.
+        "CommunicationParameters=NoInAddrAny",
         "SlurmUser=root",
         f"PidFile={paths.pid_file('slurmdbd')}",
         f"LogFile={paths.logs}/slurmdbd.log",
