@@ -216,6 +216,7 @@ with DAG(
         cluster_name=CLUSTER_NAME,
         num_nodes="{{ params.num_nodes }}",
         partition=TRAINING_QUEUE,
+        region_name="{{ params.region }}",
         pcluster_conn_id=PCLUSTER_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,
         poke_interval=PROFILE["fleet_poke_interval_s"],

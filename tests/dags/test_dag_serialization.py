@@ -28,3 +28,11 @@ def test_dag_round_trips_through_serialisation():
         assert tuple(again.template_fields) == tuple(task.template_fields), task_id
     # Tasks run on the default executor queue, never on a Slurm partition's name.
     assert {t.queue for t in restored.task_dict.values()} == {dag.task_dict["create_vpc"].queue}
+
+
+def test_every_aws_facing_task_uses_the_region_param():
+    # A task on the connection's default region would look for the cluster in the wrong place.
+    dag = load_dag()
+    regional = {t.task_id: t.region_name for t in dag.tasks if hasattr(t, "region_name")}
+    assert {"create_vpc", "pcluster_create", "wait_for_fleet", "delete_cluster", "delete_vpc"} <= set(regional)
+    assert set(regional.values()) == {"{{ params.region }}"}, regional
