@@ -128,11 +128,12 @@ def pids_mentioning(text: str) -> list[int]:
 
 
 def kill_pids(pids: list[int], grace: float = 3.0) -> list[int]:
-    """TERM, wait up to `grace`, then KILL. Returns the PIDs that were alive."""
+    """TERM, wait up to `grace`, then KILL; grace 0 is KILL at once. Returns the PIDs that were alive."""
     never = ancestors()
     # Kernel threads have no command line; init and our own callers are never targets.
     alive = [p for p in pids if p > 1 and p not in never and cmdline(p) and pid_alive(p)]
-    for pid in alive:
+    # No grace means a vanished machine: a TERM would let slurmstepd report the step's end first.
+    for pid in alive if grace > 0 else []:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(pid_alive(p) for p in alive):
