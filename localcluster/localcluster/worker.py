@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import state
 from .aws import Aws
+from .runtime.procs import pid_alive
 from .shapes import iso_now
 from .spec import ClusterSpec
 
@@ -41,23 +42,6 @@ def spawn(command: str, cluster_dir: Path, *args: str, log_file: Path | None = N
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,
         )
     return process.pid
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ", 1)[1][:1] != "Z"
-    except OSError:
-        return False
 
 
 def worker_alive(pid: int | None) -> bool:

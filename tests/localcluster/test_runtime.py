@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures_localcluster import processes_mentioning
+
 REPO = Path(__file__).resolve().parents[2]
 LOCALCLUSTER_PYTHON = REPO / ".venvs" / "localcluster" / "bin" / "python"
 KEY_NAME = "runtime-test-key"
@@ -140,18 +142,6 @@ def listening(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmd and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmd}")
-    return found
 
 
 def assert_cluster_gone(cluster: Cluster) -> None:

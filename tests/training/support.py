@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fixtures_localcluster import processes_mentioning  # noqa: F401 - shared helper, re-exported
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINING_DIR = REPO / "include" / "training"
 RUN_SCRIPT = TRAINING_DIR / "run_dp_bert_large_hf_pretrain_bf16_s128.sh"
@@ -135,15 +137,3 @@ def run_emulated(node_count: int, job_id: str, env: dict[str, str], workdir: Pat
     nodes = EmulatedNodes(node_count, job_id, env, workdir)
     codes = nodes.wait(timeout)
     return codes, nodes.output(0)
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmd and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmd}")
-    return found

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
