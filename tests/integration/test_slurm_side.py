@@ -370,7 +370,12 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         assert result.ok and not parse.is_accounting_disabled(result.stdout + result.stderr), result
         assert status is not None and (status.state, status.exit_code, status.source) == ("FAILED", 3, "sacct"), result
         # Filtered by name, sacct lists the id only for a job of that name (ids repeat across clusters).
-        assert _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.acct")), "uc.acct").state == "FAILED"
+        # The name-filtered query sees the job a moment after the id query does (slurmdbd writes in steps).
+        deadline = time.monotonic() + 30
+        while (by_name := _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.acct")), "uc.acct")) is None:
+            assert time.monotonic() < deadline, "sacct --name never listed the job"
+            time.sleep(1)
+        assert by_name.state == "FAILED"
         assert _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.other")), "uc.other") is None
         if os.environ.get("UC_CAPTURE_DIR"):
             capture = Path(os.environ["UC_CAPTURE_DIR"])
