@@ -232,34 +232,29 @@ with DAG(
         ssh_conn_id=SSH_CONN_ID,
     )
 
-    parallel_compile = SlurmJobOperator(
-        task_id="parallel_compile",
+    # Compile and train are the same Slurm job, run under neuron_parallel_compile or not.
+    same_slurm_job = dict(
         head_node=wait_for_fleet.output,
         job_dir=JOB_DIR,
         num_nodes="{{ params.num_nodes }}",
         job_env=JOB_ENV,
         extra_job_env="{{ params.extra_job_env }}",
-        launcher="neuron_parallel_compile",
         training_files_dir=str(include_dir() / "training"),
-        job_name="{{ dag.dag_id }}-compile",
         ssh_conn_id=SSH_CONN_ID,
         poll_interval=PROFILE["job_poll_interval_s"],
         partition=TRAINING_QUEUE,
     )
-
+    parallel_compile = SlurmJobOperator(
+        task_id="parallel_compile",
+        launcher="neuron_parallel_compile",
+        job_name="{{ dag.dag_id }}-compile",
+        **same_slurm_job,
+    )
     train = SlurmJobOperator(
         task_id="train",
-        head_node=wait_for_fleet.output,
-        job_dir=JOB_DIR,
-        num_nodes="{{ params.num_nodes }}",
-        job_env=JOB_ENV,
-        extra_job_env="{{ params.extra_job_env }}",
         launcher=None,
-        training_files_dir=str(include_dir() / "training"),
         job_name="{{ dag.dag_id }}-train",
-        ssh_conn_id=SSH_CONN_ID,
-        poll_interval=PROFILE["job_poll_interval_s"],
-        partition=TRAINING_QUEUE,
+        **same_slurm_job,
     )
 
     collect_results = CollectResultsOperator(
