@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import DAG, Asset, Param
+from airflow.sdk import DAG, Asset
 
 from ultracluster.operators.config import (
     TRAINING_QUEUE,
@@ -29,6 +29,7 @@ from ultracluster.operators.pcluster import CreateClusterOperator, DeleteCluster
 from ultracluster.operators.results import CollectResultsOperator
 from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
+from ultracluster.params import dag_params
 from ultracluster.profiles import include_dir, load_profile
 from ultracluster.sensors.fleet import ComputeFleetSensor
 
@@ -39,86 +40,7 @@ AWS_CONN_ID = "aws_default"
 PCLUSTER_CONN_ID = "pcluster_default"
 SSH_CONN_ID = "ultracluster_head_node"
 
-TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
-
-PARAMS = {
-    "num_nodes": Param(PROFILE["num_nodes"], type="integer", minimum=1, maximum=256,
-                       description="Compute nodes the training job uses (sbatch --nodes). At most max_nodes."),
-    "min_nodes": Param(PROFILE["min_nodes"], type="integer", minimum=0, maximum=256,
-                       description="Static nodes kept running in the training queue (MinCount). 0 = all dynamic."),
-    "max_nodes": Param(PROFILE["max_nodes"], type="integer", minimum=1, maximum=256,
-                       description="Size limit of the training queue (MaxCount). Must be at least num_nodes."),
-    "instance_type": Param(PROFILE["instance_type"], type="string", enum=TRN1_INSTANCE_TYPES,
-                           description="Compute instance type. EFA and the placement group are enabled on the 32xlarge types."),
-    "head_node_instance_type": Param(PROFILE["head_node_instance_type"], type="string",
-                                     pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$",
-                                     description="Head node instance type (runs Slurm's controller and the ssh endpoint)."),
-    "image_os": Param(PROFILE["image_os"], type="string", enum=["ubuntu2204", "ubuntu2404", "ubuntu2004"],
-                      description="Node OS. ubuntu2004 is the blog-era image; ParallelCluster 3.16 accepts only 22.04/24.04."),
-    "scaling_mode": Param(PROFILE["scaling_mode"], type="string", enum=["strong", "weak"],
-                          description="strong: fixed global batch (accumulation divided by num_nodes); weak: batch grows with nodes."),
-    "model_size": Param(PROFILE["model_size"], type="string", enum=["large", "tiny"],
-                        description="BERT-Large, or a tiny BERT for smoke tests."),
-    "max_steps": Param(PROFILE["max_steps"], type="integer", minimum=1,
-                       description="Total optimizer steps of the full pretraining (phase 1: 28125)."),
-    "steps_this_run": Param(PROFILE["steps_this_run"], type="integer", minimum=1,
-                            description="Steps this run performs (<= max_steps); later runs can resume."),
-    "batch_size": Param(PROFILE["batch_size"], type="integer", minimum=1,
-                        description="Per-NeuronCore micro-batch size."),
-    "grad_accum_usteps": Param(PROFILE["grad_accum_usteps"], type="integer", minimum=1,
-                               description="Gradient accumulation micro-steps before node scaling; strong scaling needs it divisible by num_nodes."),
-    "training_python": Param(PROFILE["training_python"], type="string", minLength=1,
-                             description="Python interpreter of the training environment on the compute nodes."),
-    "region": Param(PROFILE["region"], type="string", pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$",
-                    description="AWS region of the network and the cluster."),
-    "availability_zone_id": Param(PROFILE["availability_zone_id"], type="string", pattern=r"^[a-z0-9]+-az[0-9]+$",
-                                  description="AZ id (e.g. use1-az6) offering the instance type; ids mean the same AZ in every account."),
-    "key_name": Param(PROFILE["key_name"], type="string", minLength=1,
-                      description="EC2 key pair for the head node; its private key is in the ultracluster_head_node connection."),
-    "existing_vpc_id": Param(None, type=["null", "string"], pattern=r"^vpc-[0-9a-z]+$",
-                             description="Optional: reuse this VPC (with the two subnets below) instead of creating one. Never deleted by this DAG."),
-    "existing_public_subnet_id": Param(None, type=["null", "string"], pattern=r"^subnet-[0-9a-z]+$",
-                                       description="Optional: existing public subnet for the head node (requires existing_private_subnet_id)."),
-    "existing_private_subnet_id": Param(None, type=["null", "string"], pattern=r"^subnet-[0-9a-z]+$",
-                                        description="Optional: existing private subnet for compute nodes, same AZ as the public one."),
-    "existing_security_group_id": Param(None, type=["null", "string"], pattern=r"^sg-[0-9a-z]+$",
-                                        description="Optional: extra security group for the nodes when reusing a network."),
-    "dataset_s3_uri": Param(PROFILE["dataset_s3_uri"], type="string", pattern=S3_URI_PATTERN,
-                            description="Tokenized dataset tar (hdf5 shards); the head node fetches it with a presigned URL."),
-    "artifacts_s3_uri": Param(PROFILE["artifacts_s3_uri"], type="string", pattern=S3_URI_PATTERN,
-                              description="Prefix for this DAG's artifacts: cluster config, node script, results."),
-    "compile_cache_s3_uri": Param(PROFILE["compile_cache_s3_uri"], type="string", pattern=r"^(s3://.+)?$",
-                                  description="Optional S3 copy of the Neuron compile cache (empty: shared storage only)."),
-    "shared_storage_mount_dir": Param(PROFILE["shared_storage_mount_dir"], type="string", pattern=r"^/[A-Za-z0-9_./-]+$",
-                                      description="FSx for Lustre mount point shared by all nodes (job dirs, data, compile cache)."),
-    "fsx_storage_capacity_gib": Param(PROFILE["fsx_storage_capacity_gib"], type="integer", minimum=1200, multipleOf=1200,
-                                      description="FSx for Lustre capacity in GiB (multiples of 1200)."),
-    "extra_queues": Param(
-        PROFILE["extra_queues"], type="array", maxItems=49,
-        items={
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["name", "instance_type", "max_nodes"],
-            "properties": {
-                "name": {"type": "string", "pattern": r"^[a-z][a-z0-9-]{0,24}$"},
-                "instance_type": {"type": "string", "enum": TRN1_INSTANCE_TYPES},
-                "min_nodes": {"type": "integer", "minimum": 0},
-                "max_nodes": {"type": "integer", "minimum": 1},
-            },
-        },
-        description=f"Multi-queue clusters: more Slurm queues next to '{TRAINING_QUEUE}' (training always runs there). "
-                    'Example: [{"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4}].',
-    ),
-    "extra_job_env": Param(PROFILE["extra_job_env"], type="object", additionalProperties={"type": "string"},
-                           propertyNames={"pattern": r"^[A-Z_][A-Z0-9_]*$"},
-                           description="More environment variables for the compile and training jobs "
-                                       "(e.g. TORCH_NUM_THREADS, NEURON_CC_FLAGS). They never override the pipeline's own."),
-    "cluster_name": Param(None, type=["null", "string"], pattern=r"^[A-Za-z][A-Za-z0-9-]{0,39}$",
-                          description="Optional cluster name; default derived from the run id. A cluster of another run is never adopted."),
-    "extra_tags": Param(PROFILE["extra_tags"], type="object", additionalProperties={"type": "string"},
-                        description="Extra tags on the network stack and the cluster (the DAG adds dag id and run id)."),
-}
+PARAMS = dag_params(PROFILE)
 
 # Derived paths on shared storage (docs/contracts.md).
 JOB_DIR = "{{ params.shared_storage_mount_dir }}/ultracluster/{{ dag.dag_id }}/{{ safe_run_id(run_id) }}"
@@ -242,6 +164,8 @@ with DAG(
         training_files_dir=str(include_dir() / "training"),
         ssh_conn_id=SSH_CONN_ID,
         poll_interval=PROFILE["job_poll_interval_s"],
+        progress_log_interval_s=PROFILE["progress_log_interval_s"],
+        progress_log_every_steps=PROFILE["progress_log_every_steps"],
         partition=TRAINING_QUEUE,
     )
     parallel_compile = SlurmJobOperator(

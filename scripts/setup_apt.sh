@@ -9,6 +9,7 @@ packages=(
   util-linux iproute2 procps psmisc               # unshare/nsenter, ss, pgrep, fuser
   python3 python3-venv python3-dev                # venvs (Python 3.11 on Debian 12)
   make git
+  chromium fonts-liberation                      # the browser tests drive Debian's chromium (Playwright, no download)
 )
 missing=()
 for p in "${packages[@]}"; do

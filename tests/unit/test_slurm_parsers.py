@@ -144,20 +144,6 @@ def test_sacct_without_slurmdbd():
 
 def test_state_tables():
     for state in ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"):
-        assert state in parse.FAILURE_STATES and parse.is_terminal(state)
+        assert state in parse.FAILURE_STATES and state in parse.TERMINAL_STATES
     assert parse.base_state("CANCELLED by 0") == "CANCELLED"
     assert parse.is_active("PENDING") and parse.is_active("COMPLETING") and not parse.is_active("COMPLETED")
-
-
-def test_progress_lines():
-    line = "UC_PROGRESS step=12 total=40 loss=7.123456 lr=0.000100 throughput=35.21 eta_s=83"
-    progress = parse.parse_progress_line(line)
-    assert (progress.step, progress.total, progress.loss, progress.throughput, progress.eta_s) == (12, 40, 7.123456, 35.21, 83)
-    assert progress.lr == pytest.approx(0.0001)
-    assert parse.parse_progress_line("0: " + line).step == 12
-    assert parse.parse_progress_line("UC_PROGRESS total=3") is None
-    assert parse.parse_progress_line("some other line") is None
-    text = f"x\n{line}\nUC_RESULTS /fsx/job/output_7/results.json\nUC_ERROR no data\n"
-    assert [p.step for p in parse.parse_progress(text)] == [12]
-    assert parse.find_results_path(text) == "/fsx/job/output_7/results.json"
-    assert parse.find_errors(text) == ["UC_ERROR no data"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import posixpath
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from ultracluster.remote_commands import RemoteCommand
 
 DEFAULT_SSH_CONN_ID = "ultracluster_head_node"
+# asyncssh logs every session and command at INFO ("[conn=0, chan=12] Command: scontrol ..."): one
+# line per poll buries the job's progress in the task log. Warnings and errors still show.
+_CHATTY_SSH_LOGGERS = ("asyncssh", "paramiko")
 
 
 class HostKeyMismatchError(Exception):
@@ -192,6 +196,8 @@ class HeadNodeHook(BaseHook):
         conn_timeout: float = 30,
     ) -> None:
         super().__init__()
+        for name in _CHATTY_SSH_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.ssh_conn_id = ssh_conn_id
         self.head_node = _validate_head_node(head_node)
         self.command_timeout = command_timeout

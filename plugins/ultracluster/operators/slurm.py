@@ -58,6 +58,9 @@ class SlurmJobOperator(BaseOperator):
     :param partition: Slurm partition (queue); defaults to ``head_node["partition"]``.
     :param outage_timeout: seconds the head node may be unreachable while waiting.
     :param time_limit_minutes: Slurm ``--time``; None leaves the partition's limit.
+    :param progress_log_interval_s: at most one progress line per this many seconds in the task log.
+    :param progress_log_every_steps: instead, one progress line every this many steps (None: by time).
+        The first and last steps and loss spikes are always shown; the job's log keeps every line.
     """
 
     template_fields: Sequence[str] = (
@@ -93,6 +96,8 @@ class SlurmJobOperator(BaseOperator):
         outage_timeout: float = 900,
         time_limit_minutes: int | None = None,
         log_tail_lines: int = 40,
+        progress_log_interval_s: float = 30,
+        progress_log_every_steps: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -115,6 +120,8 @@ class SlurmJobOperator(BaseOperator):
         self.outage_timeout = outage_timeout
         self.time_limit_minutes = time_limit_minutes
         self.log_tail_lines = log_tail_lines
+        self.progress_log_interval_s = progress_log_interval_s
+        self.progress_log_every_steps = progress_log_every_steps
         self._job_id: str | None = None
         self._hook: SlurmHook | None = None
 
@@ -286,6 +293,8 @@ class SlurmJobOperator(BaseOperator):
             log_offset=log_offset,
             poll_interval=self.poll_interval,
             outage_timeout=self.outage_timeout,
+            progress_log_interval_s=self.progress_log_interval_s,
+            progress_log_every_steps=self.progress_log_every_steps,
         )
 
     @staticmethod

@@ -1,5 +1,5 @@
-"""Every parse of Slurm output (sinfo, squeue, scontrol show job, sbatch, sacct) and of the
-training script's ``UC_PROGRESS`` lines. Formats match ``ultracluster.remote_commands``.
+"""Every parse of Slurm output (sinfo, squeue, scontrol show job, sbatch, sacct). Formats match
+``ultracluster.remote_commands``; the training job's own lines are parsed in ``parsers.progress``.
 
 Tested against real Slurm 22.05.8 output in tests/fixtures/slurm/. Stdlib only.
 """
@@ -43,10 +43,6 @@ class SlurmParseError(ValueError):
 def base_state(state: str) -> str:
     """``CANCELLED by 0`` -> ``CANCELLED``; ``COMPLETING+`` style suffixes dropped."""
     return state.strip().split(" ", 1)[0].rstrip("+").upper()
-
-
-def is_terminal(state: str) -> bool:
-    return base_state(state) in TERMINAL_STATES
 
 
 def is_active(state: str) -> bool:
@@ -342,87 +338,3 @@ def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None] 
             status, signal = _exit_code(parts[3])
             return base_state(parts[2]), status, signal
     return None
-
-
-# --------------------------------------------------------------------------- training progress
-
-_PROGRESS_PREFIX = "UC_PROGRESS "
-_RESULTS_PREFIX = "UC_RESULTS "
-_ERROR_PREFIX = "UC_ERROR "
-
-
-@dataclass(frozen=True)
-class Progress:
-    step: int
-    total: int | None
-    loss: float | None
-    lr: float | None
-    throughput: float | None
-    eta_s: float | None
-    extra: dict[str, str] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        parts = [f"step {self.step}" + (f"/{self.total}" if self.total else "")]
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.6f}")
-        if self.throughput is not None:
-            parts.append(f"{self.throughput:.2f} seq/s")
-        if self.eta_s is not None:
-            parts.append(f"eta {int(self.eta_s)} s")
-        return ", ".join(parts)
-
-
-def _number(value: str | None, kind: type = float):
-    if value is None:
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        return None
-
-
-def parse_progress_line(line: str) -> Progress | None:
-    """``UC_PROGRESS step=12 total=40 loss=7.123456 lr=0.000100 throughput=35.21 eta_s=83``.
-
-    Returns None for any other line, or a progress line without a valid step. A line may carry a
-    prefix (srun ``--label`` adds ``0: ``), so the marker is searched, not anchored.
-    """
-    start = line.find(_PROGRESS_PREFIX)
-    if start < 0:
-        return None
-    tokens: dict[str, str] = {}
-    for token in line[start + len(_PROGRESS_PREFIX) :].split():
-        key, sep, value = token.partition("=")
-        if sep:
-            tokens[key] = value
-    step = _number(tokens.pop("step", None), int)
-    if step is None:
-        return None
-    total = _number(tokens.pop("total", None), int)
-    return Progress(
-        step=step,
-        total=total,
-        loss=_number(tokens.pop("loss", None)),
-        lr=_number(tokens.pop("lr", None)),
-        throughput=_number(tokens.pop("throughput", None)),
-        eta_s=_number(tokens.pop("eta_s", None)),
-        extra=tokens,
-    )
-
-
-def parse_progress(text: str) -> list[Progress]:
-    return [p for line in text.splitlines() if (p := parse_progress_line(line)) is not None]
-
-
-def find_results_path(text: str) -> str | None:
-    """Last ``UC_RESULTS <path>`` in a log."""
-    found = None
-    for line in text.splitlines():
-        start = line.find(_RESULTS_PREFIX)
-        if start >= 0:
-            found = line[start + len(_RESULTS_PREFIX) :].strip() or found
-    return found
-
-
-def find_errors(text: str) -> list[str]:
-    return [line[line.find(_ERROR_PREFIX) :].strip() for line in text.splitlines() if _ERROR_PREFIX in line]

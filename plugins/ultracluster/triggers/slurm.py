@@ -17,11 +17,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
 from ultracluster.hooks.slurm import SlurmHook
-from ultracluster.parsers import slurm as parse
+from ultracluster.parsers import progress as parse
 from ultracluster.triggers._kill_guard import task_is_still_deferred
-
-# Lines of the Slurm log copied into the task log (the rest stays in the log file).
-_STREAMED_MARKERS = ("UC_PROGRESS ", "UC_RESULTS ", "UC_ERROR ", "UC_INFO ")
 
 
 def _backoff(attempt: int, cap: float = 60.0) -> float:
@@ -41,6 +38,9 @@ class SlurmJobTrigger(BaseTrigger):
     :param log_offset: byte offset already streamed (carried across deferrals and retries).
     :param poll_interval: seconds between polls.
     :param outage_timeout: seconds the head node may stay unreachable before giving up.
+    :param progress_log_interval_s: at most one ``UC_PROGRESS`` line per this many seconds in the
+        task log (the job's own log keeps every line).
+    :param progress_log_every_steps: instead, one line every this many steps.
     """
 
     def __init__(
@@ -54,6 +54,8 @@ class SlurmJobTrigger(BaseTrigger):
         log_offset: int = 0,
         poll_interval: float = 30,
         outage_timeout: float = 900,
+        progress_log_interval_s: float = 30,
+        progress_log_every_steps: int | None = None,
     ) -> None:
         super().__init__()
         self.head_node = dict(head_node)
@@ -64,6 +66,11 @@ class SlurmJobTrigger(BaseTrigger):
         self.log_offset = int(log_offset)
         self.poll_interval = float(poll_interval)
         self.outage_timeout = float(outage_timeout)
+        self.progress_log_interval_s = float(progress_log_interval_s)
+        self.progress_log_every_steps = int(progress_log_every_steps) if progress_log_every_steps else None
+        self._throttle = parse.ProgressThrottle(
+            interval_s=self.progress_log_interval_s, every_steps=self.progress_log_every_steps
+        )
         self._last_progress: dict[str, Any] | None = None
         self._results_path: str | None = None
 
@@ -79,6 +86,8 @@ class SlurmJobTrigger(BaseTrigger):
                 "log_offset": self.log_offset,
                 "poll_interval": self.poll_interval,
                 "outage_timeout": self.outage_timeout,
+                "progress_log_interval_s": self.progress_log_interval_s,
+                "progress_log_every_steps": self.progress_log_every_steps,
             },
         )
 
@@ -107,31 +116,33 @@ class SlurmJobTrigger(BaseTrigger):
         end = data.rfind(b"\n") + 1
         if end == 0 and len(data) >= max_bytes:
             end = len(data)  # one enormous line: move past it rather than stall on it forever
+        now = time.monotonic()
         for raw in data[:end].splitlines():
-            line = raw.decode("utf-8", errors="replace")
-            if not any(marker in line for marker in _STREAMED_MARKERS):
+            line = raw.decode("utf-8", errors="replace").strip()
+            if not parse.has_marker(line):
                 continue
-            self.log.info("%s", line.strip())
             if (progress := parse.parse_progress_line(line)) is not None:
-                self._last_progress = {
-                    "step": progress.step,
-                    "total": progress.total,
-                    "loss": progress.loss,
-                    "throughput": progress.throughput,
-                    "eta_s": progress.eta_s,
-                }
-            elif (results := parse.find_results_path(line)) is not None:
+                self._last_progress = progress.to_dict()
+                for shown in self._throttle.offer(line, progress, now):
+                    self.log.info("%s", shown)
+                continue
+            # The newest held-back progress line goes first: it is the context of an error or result.
+            for shown in [*self._throttle.flush(now, final=True), line]:
+                self.log.info("%s", shown)
+            if (results := parse.find_results_path(line)) is not None:
                 self._results_path = results
         self.log_offset += end
         # Only a read cut at max_bytes means more is waiting; a trailing partial line waits for the next poll.
         return end > 0 and len(data) >= max_bytes
 
-    async def _stream_log(self, slurm: SlurmHook, conn: Any, max_bytes: int = 262_144) -> None:
+    async def _stream_log(self, slurm: SlurmHook, conn: Any, *, final: bool, max_bytes: int = 262_144) -> None:
         # Bounded: a very chatty job cannot keep the loop here forever.
         for _ in range(16):
             chunk = await slurm.aread_log_chunk(self.log_path, self.log_offset, max_bytes, conn=conn)
             if not self._consume_log(chunk.size, chunk.data, max_bytes):
-                return
+                break
+        for shown in self._throttle.flush(time.monotonic(), final=final):
+            self.log.info("%s", shown)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         slurm = self._slurm()
@@ -144,7 +155,7 @@ class SlurmJobTrigger(BaseTrigger):
                     while True:
                         status = await slurm.ajob_status(self.job_id, self.job_dir, conn=conn)
                         # Read the log after the state: a finished job's last lines are then in.
-                        await self._stream_log(slurm, conn)
+                        await self._stream_log(slurm, conn, final=status.terminal)
                         last_contact, failures = time.monotonic(), 0
                         if status.terminal:
                             yield self._event("success" if status.succeeded else "failed", **status.to_dict())

@@ -1,0 +1,185 @@
+"""The trigger form of trn1_bert_pretrain: every param with its schema, title, section and default.
+
+Defaults come from a deploy-time profile (``ultracluster.profiles``). Airflow's trigger form marks a
+param required when its schema ``type`` does not include ``"null"``, and disables the Trigger button
+while a required field is null or empty. So an optional value is declared ``["null", <type>]`` with a
+null default, and the pipeline treats null (or empty) as "off". ``tests/dags/test_param_form.py``
+checks every default of every profile the way the form does.
+
+Stdlib and ``airflow.sdk`` only: the DAG file builds this at parse time.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from ultracluster.operators.config import TRAINING_QUEUE
+
+TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+
+# The form's sections, in the order they appear (Airflow shows them as collapsible groups).
+CLUSTER, TRAINING, DATA, NETWORK, ADVANCED = "Cluster", "Training", "Data", "Network", "Advanced"
+SECTIONS = (CLUSTER, TRAINING, DATA, NETWORK, ADVANCED)
+
+
+def optional(value: Any) -> Any:
+    """A profile's "" (an unset ``${VAR:-}``) is the form's null: off."""
+    return None if value == "" else value
+
+
+def _param(default: Any, title: str, section: str, description: str, **schema: Any) -> Param:
+    return Param(default, title=title, section=section, description=description, **schema)
+
+
+def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
+    """Params of trn1_bert_pretrain with ``profile``'s defaults, in form order."""
+    p = profile
+    return {
+        # --- Cluster ---------------------------------------------------------------------------
+        "num_nodes": _param(
+            p["num_nodes"], "Training nodes", CLUSTER,
+            "Compute nodes the training job runs on (sbatch --nodes). At most 'Max nodes'.",
+            type="integer", minimum=1, maximum=256),
+        "min_nodes": _param(
+            p["min_nodes"], "Min nodes (static)", CLUSTER,
+            "Nodes kept running in the training queue for the cluster's whole life (MinCount). "
+            "0 = all dynamic: nodes start when the job needs them.",
+            type="integer", minimum=0, maximum=256),
+        "max_nodes": _param(
+            p["max_nodes"], "Max nodes", CLUSTER,
+            "Size limit of the training queue (MaxCount). Must be at least 'Training nodes'.",
+            type="integer", minimum=1, maximum=256),
+        "instance_type": _param(
+            p["instance_type"], "Compute instance type", CLUSTER,
+            "Trn1 instance type of the training queue. EFA and the placement group are enabled on the "
+            "32xlarge types.",
+            type="string", enum=TRN1_INSTANCE_TYPES),
+        "head_node_instance_type": _param(
+            p["head_node_instance_type"], "Head node instance type", CLUSTER,
+            "Runs Slurm's controller and the SSH endpoint; it does not train.",
+            type="string", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"),
+        "image_os": _param(
+            p["image_os"], "Node OS", CLUSTER,
+            "Operating system of every node. ubuntu2004 is the blog-era image; ParallelCluster 3.16 "
+            "accepts only 22.04 and 24.04.",
+            type="string", enum=["ubuntu2204", "ubuntu2404", "ubuntu2004"]),
+        "key_name": _param(
+            p["key_name"], "EC2 key pair", CLUSTER,
+            "Key pair of the head node; its private key is in the ultracluster_head_node connection.",
+            type="string", minLength=1),
+        "extra_queues": _param(
+            p["extra_queues"], "Extra queues", CLUSTER,
+            f"Multi-queue clusters: more Slurm queues next to '{TRAINING_QUEUE}', where training always "
+            'runs. Example: [{"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4}]',
+            type="array", maxItems=49,
+            items={
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "instance_type", "max_nodes"],
+                "properties": {
+                    "name": {"type": "string", "pattern": r"^[a-z][a-z0-9-]{0,24}$"},
+                    "instance_type": {"type": "string", "enum": TRN1_INSTANCE_TYPES},
+                    "min_nodes": {"type": "integer", "minimum": 0},
+                    "max_nodes": {"type": "integer", "minimum": 1},
+                },
+            }),
+        # --- Training --------------------------------------------------------------------------
+        "scaling_mode": _param(
+            p["scaling_mode"], "Scaling mode", TRAINING,
+            "strong: the global batch stays fixed (accumulation is divided by the node count); "
+            "weak: the global batch grows with the nodes.",
+            type="string", enum=["strong", "weak"]),
+        "model_size": _param(
+            p["model_size"], "Model", TRAINING,
+            "large: BERT-Large (the blog's model); tiny: a 4 M-parameter BERT for smoke tests.",
+            type="string", enum=["large", "tiny"]),
+        "max_steps": _param(
+            p["max_steps"], "Total steps", TRAINING,
+            "Optimizer steps of the whole pretraining phase (phase 1: 28125); sets the LR schedule.",
+            type="integer", minimum=1),
+        "steps_this_run": _param(
+            p["steps_this_run"], "Steps this run", TRAINING,
+            "Optimizer steps this run performs (at most 'Total steps').",
+            type="integer", minimum=1),
+        "batch_size": _param(
+            p["batch_size"], "Micro-batch", TRAINING,
+            "Sequences per NeuronCore (per rank) in one forward pass.",
+            type="integer", minimum=1),
+        "grad_accum_usteps": _param(
+            p["grad_accum_usteps"], "Gradient accumulation", TRAINING,
+            "Accumulation micro-steps per optimizer step before node scaling; strong scaling needs it "
+            "divisible by 'Training nodes'.",
+            type="integer", minimum=1),
+        # --- Data ------------------------------------------------------------------------------
+        "dataset_s3_uri": _param(
+            p["dataset_s3_uri"], "Dataset", DATA,
+            "S3 URI of the tokenized dataset tar (HDF5 shards); the head node fetches it through a "
+            "presigned URL.",
+            type="string", pattern=S3_URI_PATTERN),
+        "artifacts_s3_uri": _param(
+            p["artifacts_s3_uri"], "Artifacts prefix", DATA,
+            "S3 prefix for this DAG's artifacts: cluster config, node script, results.",
+            type="string", pattern=S3_URI_PATTERN),
+        "compile_cache_s3_uri": _param(
+            optional(p["compile_cache_s3_uri"]), "Compile cache in S3", DATA,
+            "Optional S3 prefix for a copy of the Neuron compile cache. Empty: the cache stays on the "
+            "cluster's shared storage only.",
+            type=["null", "string"], pattern=S3_URI_PATTERN),
+        "shared_storage_mount_dir": _param(
+            p["shared_storage_mount_dir"], "Shared storage mount", DATA,
+            "Mount point of FSx for Lustre on every node: job directories, the dataset, the compile cache.",
+            type="string", pattern=r"^/[A-Za-z0-9_./-]+$"),
+        "fsx_storage_capacity_gib": _param(
+            p["fsx_storage_capacity_gib"], "FSx capacity (GiB)", DATA,
+            "FSx for Lustre capacity, in multiples of 1200 GiB.",
+            type="integer", minimum=1200, multipleOf=1200),
+        # --- Network ---------------------------------------------------------------------------
+        "region": _param(
+            p["region"], "Region", NETWORK,
+            "AWS region of the network and the cluster.",
+            type="string", pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$"),
+        "availability_zone_id": _param(
+            p["availability_zone_id"], "Availability zone id", NETWORK,
+            "AZ id (e.g. use1-az6) that offers the instance type; an id names the same zone in every account.",
+            type="string", pattern=r"^[a-z0-9]+-az[0-9]+$"),
+        "existing_vpc_id": _param(
+            None, "Existing VPC", NETWORK,
+            "Optional: reuse this VPC and the two subnets below instead of creating a network. "
+            "This DAG never deletes it.",
+            type=["null", "string"], pattern=r"^vpc-[0-9a-z]+$"),
+        "existing_public_subnet_id": _param(
+            None, "Existing public subnet", NETWORK,
+            "Optional: public subnet of the existing VPC, for the head node.",
+            type=["null", "string"], pattern=r"^subnet-[0-9a-z]+$"),
+        "existing_private_subnet_id": _param(
+            None, "Existing private subnet", NETWORK,
+            "Optional: private subnet of the existing VPC, for the compute nodes (same AZ as the public one).",
+            type=["null", "string"], pattern=r"^subnet-[0-9a-z]+$"),
+        "existing_security_group_id": _param(
+            None, "Extra security group", NETWORK,
+            "Optional: another security group for the nodes when reusing a network.",
+            type=["null", "string"], pattern=r"^sg-[0-9a-z]+$"),
+        # --- Advanced --------------------------------------------------------------------------
+        "cluster_name": _param(
+            None, "Cluster name", ADVANCED,
+            "Optional: the ParallelCluster name. Empty: derived from the run id. A cluster of another "
+            "run is never adopted.",
+            type=["null", "string"], pattern=r"^[A-Za-z][A-Za-z0-9-]{0,39}$"),
+        "training_python": _param(
+            p["training_python"], "Training Python", ADVANCED,
+            "Python interpreter of the training environment on the compute nodes.",
+            type="string", minLength=1),
+        "extra_job_env": _param(
+            p["extra_job_env"], "Extra job environment", ADVANCED,
+            "More environment variables for the compile and training jobs; they never override the "
+            'pipeline\'s own. Example: {"NEURON_CC_FLAGS": "--retry_failed_compilation"}',
+            type="object", additionalProperties={"type": "string"},
+            propertyNames={"pattern": r"^[A-Z_][A-Z0-9_]*$"}),
+        "extra_tags": _param(
+            p["extra_tags"], "Extra tags", ADVANCED,
+            "More AWS tags on the network stack and the cluster (the DAG adds its id and the run id). "
+            'Example: {"team": "ml-infra", "cost-center": "1234"}',
+            type="object", additionalProperties={"type": "string"}),
+    }
