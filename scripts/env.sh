@@ -23,7 +23,7 @@ export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=1
 export AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL=5
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$AIRFLOW_HOME/passwords.json
-export ULTRACLUSTER_PROFILE=local
+export ULTRACLUSTER_PROFILE=${ULTRACLUSTER_PROFILE:-local}
 export ULTRACLUSTER_TRAINING_PYTHON=$venvs/training/bin/python
 # Connections for the local UltraCluster, written by `local-ultracluster up`.
 if [ -f "$LOCAL_ULTRACLUSTER_HOME/airflow.env" ]; then

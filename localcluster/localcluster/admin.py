@@ -149,7 +149,7 @@ def airflow_env_text(home: Path, endpoint: str, region: str, private_key: Path) 
             "password": DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             "extra": {"region_name": region, "endpoint_url": endpoint}},
         "AIRFLOW_CONN_PCLUSTER_DEFAULT": {
-            "conn_type": "generic", "extra": {"binary": pcluster, "region": region, "env": cli_env}},
+            "conn_type": "pcluster", "extra": {"binary": pcluster, "region": region, "env": cli_env}},
         "AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE": {
             "conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
             "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),

@@ -83,5 +83,3 @@ class ParallelClusterStackLink(CloudFormationStackLink):
     name = "ParallelCluster Stack"
     key = "ultracluster_pcluster_stack"
 
-
-ALL_LINKS = (CloudFormationStackLink(), ClusterConfigLink(), S3ResultsLink(), ParallelClusterStackLink())

@@ -1,20 +1,35 @@
-"""End-to-end fixtures: a local deployment (moto + local UltraCluster home + the dataset in moto) and
-the environment an Airflow process needs to run trn1_bert_pretrain against it."""
+"""End-to-end fixtures, shared by every end-to-end test of the session:
+
+    e2e_home      one local UltraCluster home (moto, buckets, key pair, the dataset in moto)
+    deployment    the environment an Airflow process needs to run trn1_bert_pretrain against it
+    airflow_local a real Airflow (api-server, scheduler, dag-processor, triggerer) started by
+                  scripts/airflow.sh, as `make up` starts it, on a free loopback port
+"""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures_localcluster import REGION, processes_mentioning, run_pcluster
+from tests.fixtures_localcluster import REGION, cli_env, free_port, prepared_home, processes_mentioning, run_pcluster
 
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".venvs"
 DAG_ID = "trn1_bert_pretrain"
 DATASET_NAME = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 DATASET_KEY = f"training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/{DATASET_NAME}.tar"
+TASK_IDS = {"create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
+            "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"}
+RUN_TIMEOUT_S = 1200
+RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 
 
 def _s3(endpoint: str):
@@ -51,17 +66,26 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+@pytest.fixture(scope="session")
+def e2e_home(moto_server: str, dataset_tar: Path) -> Iterator[Path]:
+    """One local UltraCluster home for every end-to-end run (runs never share a cluster or a VPC)."""
+    with prepared_home(moto_server) as home:
+        _s3(moto_server).upload_file(str(dataset_tar), "neuron-s3", DATASET_KEY)
+        yield home
+
+
+def _deployment_env(home: Path, endpoint: str) -> dict[str, str]:
+    return {**cli_env(home, endpoint), **read_env_file(home / "airflow.env")}
+
+
 @pytest.fixture
-def deployment(uc_home: Path, uc_env: dict[str, str], moto_server: str, dataset_tar: Path,
-               tmp_path: Path) -> dict[str, str]:
-    """Environment for an Airflow process: the connections of this local UltraCluster home, the local
+def deployment(e2e_home: Path, moto_server: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for an Airflow process of its own: the connections of the shared home, the local
     profile, a private AIRFLOW_HOME. The dataset is in moto under the seed's key."""
-    _s3(moto_server).upload_file(str(dataset_tar), "neuron-s3", DATASET_KEY)
     airflow_home = tmp_path / "airflow"
     (airflow_home / "plugins").mkdir(parents=True)
     return {
-        **uc_env,
-        **read_env_file(uc_home / "airflow.env"),
+        **_deployment_env(e2e_home, moto_server),
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(airflow_home / "plugins"),
@@ -71,6 +95,83 @@ def deployment(uc_home: Path, uc_env: dict[str, str], moto_server: str, dataset_
         "ULTRACLUSTER_TRAINING_PYTHON": str(VENVS / "training" / "bin" / "python"),
         "PATH": f"{VENVS / 'airflow' / 'bin'}:{os.environ.get('PATH', '')}",
     }
+
+
+class AirflowApi:
+    """The REST API of a running Airflow, logged in as admin."""
+
+    def __init__(self, base: str, password: str) -> None:
+        self.base = base
+        self.password = password
+        self.token: str | None = None
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.base + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"{}")
+
+    def login(self) -> None:
+        self.token = self.call("POST", "/auth/token", {"username": "admin", "password": self.password})["access_token"]
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        """The dag-processor parses the file a few seconds after start."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.call("GET", f"/api/v2/dags/{dag_id}")
+                return
+            except urllib.error.HTTPError as err:
+                assert err.code == 404 and time.monotonic() < deadline, err
+                time.sleep(2)
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            if state in ("success", "failed"):
+                return state
+            assert time.monotonic() < deadline, f"run {run_id} still {state} after {timeout} s"
+            time.sleep(3)
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        tis = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {ti["task_id"]: ti["state"] for ti in tis}
+
+
+def start_airflow(env: dict[str, str], home: Path) -> tuple[AirflowApi, dict[str, str]]:
+    """scripts/airflow.sh start, as `make up` runs it, in its own AIRFLOW_HOME on a free port."""
+    port = free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    password = f"e2e-{port}"
+    (home / "passwords.json").write_text(json.dumps({"admin": password}))
+    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW_PORT": str(port)}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh"), "start"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    api = AirflowApi(f"http://127.0.0.1:{port}", password)
+    api.login()
+    return api, env
+
+
+def stop_airflow(env: dict[str, str]) -> None:
+    subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh"), "stop"], env=env, capture_output=True,
+                   timeout=120)
+
+
+@pytest.fixture(scope="session")
+def airflow_local(e2e_home: Path, moto_server: str, tmp_path_factory: pytest.TempPathFactory):
+    """A real Airflow with the local profile, shared by the REST and browser tests; stopped afterwards."""
+    env = {**_deployment_env(e2e_home, moto_server), "ULTRACLUSTER_PROFILE": "local"}
+    api, env = start_airflow(env, tmp_path_factory.mktemp("airflow-local"))
+    try:
+        api.wait_for_dag(DAG_ID)
+        yield api, env
+    finally:
+        stop_airflow(env)
 
 
 def assert_nothing_left(env: dict[str, str], uc_home: Path) -> None:

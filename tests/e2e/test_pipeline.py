@@ -6,27 +6,25 @@ no cluster, stack, VPC, NAT gateway, Slurm job or daemon.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, REPO, VENVS, _s3, assert_nothing_left, results_in_s3
+from tests.e2e.conftest import (
+    DAG_ID,
+    REPO,
+    RUN_TIMEOUT_S,
+    RUNTIME_READY,
+    TASK_IDS,
+    VENVS,
+    _s3,
+    assert_nothing_left,
+    results_in_s3,
+)
 
-RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
-
-TASK_IDS = {"create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
-            "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"}
-RUN_TIMEOUT_S = 1200
 
 
 def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
@@ -48,7 +46,7 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
 
 
-def test_dag_test_runs_the_whole_pipeline(deployment, uc_home):
+def test_dag_test_runs_the_whole_pipeline(deployment, e2e_home):
     env = deployment
     subprocess.run([str(VENVS / "airflow" / "bin" / "airflow"), "db", "migrate"], env=env, check=True,
                    capture_output=True, timeout=300)
@@ -63,103 +61,20 @@ def test_dag_test_runs_the_whole_pipeline(deployment, uc_home):
     assert outcome["tasks"] == {task: "success" for task in TASK_IDS}, done.stderr[-8000:]
     assert outcome["state"] == "success"
     check_results(outcome["results"], env, outcome["run_id"])
-    assert_nothing_left(env, uc_home)
+    assert_nothing_left(env, e2e_home)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class AirflowApi:
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.token: str | None = None
-
-    def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        req = urllib.request.Request(self.base + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read() or b"{}")
-
-    def healthy(self) -> bool:
-        try:
-            self.call("GET", "/api/v2/monitor/health")
-            return True
-        except (OSError, urllib.error.HTTPError):
-            return False
-
-
-@pytest.fixture
-def airflow_standalone(deployment, tmp_path):
-    """A real Airflow (api-server, scheduler, dag-processor, triggerer) on a free loopback port."""
-    port = _free_port()
-    home = Path(deployment["AIRFLOW_HOME"])
-    (home / "passwords.json").write_text(json.dumps({"admin": "e2e-password"}))
-    env = {
-        **deployment,
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(port),
-        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
-        "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-    }
-    log = open(home / "standalone.log", "w")
-    process = subprocess.Popen([str(VENVS / "airflow" / "bin" / "airflow"), "standalone"], env=env,
-                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-    api = AirflowApi(f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + 180
-        while not api.healthy():
-            assert process.poll() is None, (home / "standalone.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, "airflow standalone not healthy in 180 s"
-            time.sleep(1)
-        api.token = api.call("POST", "/auth/token", {"username": "admin", "password": "e2e-password"})["access_token"]
-        yield api, env
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        log.close()
-
-
-def test_rest_triggered_run_under_scheduler_and_triggerer(airflow_standalone, uc_home):
-    api, env = airflow_standalone
-    deadline = time.monotonic() + 120
-    while True:  # the dag-processor needs a moment to parse the file
-        try:
-            api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-            break
-        except urllib.error.HTTPError as err:
-            assert err.code == 404 and time.monotonic() < deadline, err
-            time.sleep(2)
+def test_rest_triggered_run_under_scheduler_and_triggerer(airflow_local, e2e_home):
+    api, env = airflow_local
+    api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
     run = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {}})
     run_id = run["dag_run_id"]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    state = run["state"]
-    while state not in ("success", "failed"):
-        assert time.monotonic() < deadline, f"run still {state} after {RUN_TIMEOUT_S} s"
-        time.sleep(3)
-        state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
-    tis = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
-    states = {ti["task_id"]: ti["state"] for ti in tis}
+    state = api.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT_S)
+    states = api.task_states(DAG_ID, run_id)
     assert states == {task: "success" for task in TASK_IDS}, states
     assert state == "success"
     xcom = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/collect_results"
                     "/xcomEntries/return_value")
     metrics = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
     check_results(metrics, env, run_id)
-    assert_nothing_left(env, uc_home)
+    assert_nothing_left(env, e2e_home)

@@ -85,7 +85,7 @@ def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
     cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
     endpoint = uc_env["AWS_ENDPOINT_URL"]
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
-        {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+        {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(
         {"conn_type": "aws", "login": "testing", "password": "testing",
          "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}))
@@ -115,7 +115,7 @@ def wait_for_fleet(cluster, num_nodes: int, partition: str | None = None) -> dic
 def test_slurm_side_end_to_end(cluster, tmp_path):
     import boto3
 
-    from airflow.providers.common.compat.sdk import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     from ultracluster import remote_commands as rc
     from ultracluster.hooks.head_node import HeadNodeHook, HostKeyMismatchError
@@ -241,7 +241,7 @@ def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, na
     assert described["clusterStatus"] == "CREATE_COMPLETE", described
     cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
-        {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+        {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
         {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
@@ -299,7 +299,7 @@ def test_trigger_rides_out_a_head_node_ssh_outage(uc_home, uc_env, make_cluster_
 
 def test_node_failure_fails_the_task_with_node_fail(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch,
                                                     tmp_path):
-    from airflow.providers.common.compat.sdk import AirflowException
+    from airflow.sdk.exceptions import AirflowException
 
     from ultracluster.operators.slurm import SlurmJobOperator
 
@@ -342,7 +342,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         cluster = SimpleNamespace(name="acct", home=uc_home, env=uc_env)
         cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
         monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
-            {"conn_type": "generic", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
+            {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
         monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
             {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
              "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),

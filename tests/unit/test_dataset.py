@@ -15,7 +15,7 @@ import tarfile
 from types import SimpleNamespace
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow.sdk.exceptions import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
 from ultracluster import remote_commands as rc

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook

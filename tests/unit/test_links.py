@@ -1,4 +1,4 @@
-"""Operator extra links and the plugin that registers them."""
+"""Operator extra links (registered by the provider: tests/unit/test_provider.py)."""
 from __future__ import annotations
 
 import pytest
@@ -46,18 +46,12 @@ def test_links_have_distinct_names_and_keys():
     assert len({link.name for link in links}) == len({link.key for link in links}) == len(links)
 
 
-def test_plugin_registers_every_link():
-    from ultracluster.plugin import UltraClusterPlugin
+def test_the_provider_registers_every_link():
+    from ultracluster.get_provider_info import get_provider_info
 
-    assert {type(link) for link in UltraClusterPlugin.operator_extra_links} == {
-        CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink}
-
-
-def test_plugin_is_discovered_through_its_entry_point():
-    from importlib.metadata import entry_points
-
-    [entry] = [e for e in entry_points(group="airflow.plugins") if e.name == "ultracluster"]
-    assert entry.load().name == "ultracluster"
+    assert set(get_provider_info()["extra-links"]) == {
+        f"{link.__module__}.{link.__qualname__}"
+        for link in (CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink)}
 
 
 @pytest.mark.parametrize(("uri", "expected"), [

@@ -182,6 +182,6 @@ def test_adescribe_missing_cluster_raises_not_found(fake):
 
 def test_missing_binary_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_NOBIN", json.dumps(
-        {"conn_type": "generic", "extra": {"binary": "pcluster-does-not-exist-here"}}))
+        {"conn_type": "pcluster", "extra": {"binary": "pcluster-does-not-exist-here"}}))
     with pytest.raises(PclusterError, match="pcluster-does-not-exist-here.*not found"):
         ParallelClusterHook("pcluster_nobin").describe_cluster("x")

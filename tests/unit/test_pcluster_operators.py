@@ -307,7 +307,7 @@ def local_aws(uc_env, monkeypatch):
     binary = Path(__file__).resolve().parents[2] / ".venvs" / "localcluster" / "bin" / "pcluster"
     cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_U"))}
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
-        {"conn_type": "generic", "extra": {"binary": str(binary), "region": REGION, "env": cli_env}}))
+        {"conn_type": "pcluster", "extra": {"binary": str(binary), "region": REGION, "env": cli_env}}))
     return uc_env
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from ultracluster.profiles import ProfileError, include_dir, load_profile
 
+REPO = include_dir().parent
+
 
 @pytest.fixture
 def profiles_dir(tmp_path, monkeypatch):
@@ -67,3 +69,12 @@ def test_bad_profiles_fail_clearly(profiles_dir, name, content, message):
 
 def test_include_dir_points_at_the_repository_include():
     assert (include_dir() / "cluster" / "vpc.yaml").is_file()
+
+
+def test_the_docs_profile_table_matches_the_profile_files():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_table.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

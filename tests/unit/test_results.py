@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow.sdk.exceptions import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
 from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table

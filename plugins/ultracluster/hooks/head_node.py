@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import BaseHook
+from airflow.sdk import BaseHook
 
 from ultracluster import remote_commands
 

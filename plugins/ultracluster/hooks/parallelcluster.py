@@ -1,6 +1,6 @@
 """ParallelClusterHook: the pcluster v3 CLI, one method per CLI verb.
 
-The connection (generic type, default ``pcluster_default``) says which CLI to run and how:
+The connection (type ``pcluster``, default ``pcluster_default``) says which CLI to run and how:
 ``extra = {"binary": "/path/to/pcluster", "region": "us-east-1", "env": {"AWS_PROFILE": ...}}``.
 The same hook drives real AWS ParallelCluster and the local UltraCluster's pcluster-compatible CLI;
 only the connection differs.
@@ -26,7 +26,7 @@ class ParallelClusterHook(BaseHook):
 
     conn_name_attr = "pcluster_conn_id"
     default_conn_name = "pcluster_default"
-    conn_type = "generic"
+    conn_type = "pcluster"
     hook_name = "AWS ParallelCluster CLI"
 
     def __init__(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import BaseHook
+from airflow.sdk import BaseHook
 
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID, CommandResult, HeadNodeHook

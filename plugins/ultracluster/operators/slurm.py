@@ -15,7 +15,8 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import AirflowException, BaseOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
 
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID

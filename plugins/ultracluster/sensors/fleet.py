@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import AirflowException, BaseSensorOperator, PokeReturnValue
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
 
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 
@@ -73,7 +74,7 @@ class ComputeFleetSensor(BaseSensorOperator):
             raise ValueError("cluster_name is required")
 
     def _ssh_port(self) -> int:
-        from airflow.providers.common.compat.sdk import BaseHook
+        from airflow.sdk import BaseHook
 
         return int(BaseHook.get_connection(self.ssh_conn_id).port or 22)
 
