@@ -185,7 +185,7 @@ with DAG(
         task_id="collect_results",
         head_node=wait_for_fleet.output,
         train=train.output,
-        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",  # + results/<dag_id>/<run_id>/
+        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",  # + results/<dag_id>/<safe run id>/
         aws_conn_id=AWS_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,
         outlets=[RESULTS_ASSET],

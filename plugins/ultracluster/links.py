@@ -18,16 +18,6 @@ AWS_CONSOLE = "https://console.aws.amazon.com"
 S3_CONSOLE = "https://s3.console.aws.amazon.com"
 
 
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """s3://bucket/key -> (bucket, key)."""
-    if not uri.startswith("s3://"):
-        raise ValueError(f"Not an s3:// URI: {uri!r}")
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not bucket:
-        raise ValueError(f"No bucket in {uri!r}")
-    return bucket, key
-
-
 class _UltraClusterLink(BaseOperatorLink):
     name: ClassVar[str]
     key: ClassVar[str]

@@ -15,9 +15,9 @@ from typing import Any
 from airflow.sdk import Param
 
 from ultracluster.operators.config import TRAINING_QUEUE
+from ultracluster.s3_uri import S3_URI_PATTERN
 
 TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 
 # The form's sections, in the order they appear (Airflow shows them as collapsible groups).
 CLUSTER, TRAINING, DATA, NETWORK, ADVANCED = "Cluster", "Training", "Data", "Network", "Advanced"

@@ -34,13 +34,12 @@ JOB_NAME_MAX = 120
 class RemoteCommand:
     """A command for the head node's login shell.
 
-    ``shell`` is the exact text run; ``argv`` the words when the command is a single program call;
-    ``stdin`` carries data (possibly secret) written to the command's standard input.
+    ``shell`` is the exact text run; ``stdin`` carries data (possibly secret) written to the
+    command's standard input.
     """
 
     shell: str
     description: str
-    argv: tuple[str, ...] | None = None
     stdin: str | None = field(default=None, repr=False)
 
     def __str__(self) -> str:
@@ -48,9 +47,8 @@ class RemoteCommand:
 
 
 def _from_argv(*argv: str, description: str | None = None) -> RemoteCommand:
-    words = tuple(str(word) for word in argv)
-    shell = shlex.join(words)
-    return RemoteCommand(shell=shell, description=description or shell, argv=words)
+    shell = shlex.join(str(word) for word in argv)
+    return RemoteCommand(shell=shell, description=description or shell)
 
 
 def _check_job_id(job_id: str | int) -> str:
@@ -127,12 +125,13 @@ def scancel(job_id: str | int) -> RemoteCommand:
     return _from_argv("scancel", _check_job_id(job_id))
 
 
-def job_exit_marker_path(job_dir: str, job_id: str | int) -> str:
-    return f"{job_dir.rstrip('/')}/slurm-{_check_job_id(job_id)}.exit"
+# The job's files next to each other in its directory: the Slurm log (out), srun's exit code (exit)
+# and the job's name (name), written by the job sbatch() builds.
+_JOB_FILE = "{job_dir}/slurm-{job_id}.{kind}"
 
 
-def job_name_marker_path(job_dir: str, job_id: str | int) -> str:
-    return f"{job_dir.rstrip('/')}/slurm-{_check_job_id(job_id)}.name"
+def job_file(job_dir: str, job_id: str | int, kind: str) -> str:
+    return _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id=_check_job_id(job_id), kind=kind)
 
 
 def sbatch(
@@ -178,9 +177,12 @@ def sbatch(
         )
     else:
         run = srun_plain
-    exit_marker = shlex.quote(job_dir.rstrip("/")) + '/slurm-"$SLURM_JOB_ID".exit'
-    # The name tells whose exit marker it is once job ids repeat (a rebuilt cluster restarts at 1).
-    name_marker = shlex.quote(job_dir.rstrip("/")) + '/slurm-"$SLURM_JOB_ID".name'
+    # The batch shell fills in the id; the name tells whose exit marker it is once job ids repeat
+    # (a rebuilt cluster restarts at 1).
+    exit_marker, name_marker = (
+        _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind=kind)
+        for kind in ("exit", "name")
+    )
     wrap = f'echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
 
     argv = [
@@ -195,7 +197,7 @@ def sbatch(
         "--chdir",
         job_dir,
         "--output",
-        f"{job_dir.rstrip('/')}/slurm-%j.out",
+        _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
         "--export",
         "ALL",
         # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
@@ -211,11 +213,7 @@ def sbatch(
     argv += ["--wrap", wrap]
     env_words = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
     shell = shlex.join([*env_words, *argv])
-    return RemoteCommand(
-        shell=shell,
-        description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})",
-        argv=tuple([*env_words, *argv]),
-    )
+    return RemoteCommand(shell=shell, description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})")
 
 
 # ------------------------------------------------------------------------------------- files
@@ -322,7 +320,9 @@ def kill_process_group(pid_file: str, grace_seconds: int = 5) -> RemoteCommand:
     ticks = int(grace_seconds) * 10
     return RemoteCommand(
         shell=(
-            f'if [ -f {pid} ]; then p=$(cat {pid}); case "$p" in (*[!0-9]*|"") exit 0;; esac; '
+            f'if [ -f {pid} ]; then p=$(cat {pid}); case "$p" in (*[!0-9]*|"") exit 0;; '
+            # kill -- -0 signals our own group and -1 every process: a corrupt pid file must not.
+            f'(0*|1) echo "refusing to signal process group $p from {pid_file}" >&2; exit 1;; esac; '
             f'kill -TERM -- "-$p" 2>/dev/null; i=0; '
             f'while [ "$i" -lt {ticks} ] && kill -0 -- "-$p" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
             f'kill -KILL -- "-$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
@@ -354,16 +354,8 @@ def sha256_of(path: str) -> RemoteCommand:
 
 
 def unpack_tar(tar_path: str, destination_dir: str) -> RemoteCommand:
-    return _from_argv(
-        "tar",
-        "-x",
-        "-f",
-        tar_path,
-        "-C",
-        destination_dir,
-        "--no-same-owner",
-        description=f"unpack {tar_path} into {destination_dir}",
-    )
+    return _from_argv("tar", "-x", "-f", tar_path, "-C", destination_dir, "--no-same-owner",
+                      description=f"unpack {tar_path} into {destination_dir}")
 
 
 def count_files(directory: str, pattern: str) -> RemoteCommand:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ultracluster.operators.config import safe_run_id
+
 from tests.e2e.conftest import (
     DAG_ID,
     REPO,
@@ -33,12 +35,12 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
     assert metrics["global_batch"] == 16, metrics
     assert metrics["final_loss"] > 0 and metrics["average_throughput_seq_per_s"] > 0
     assert metrics["peak_throughput_seq_per_s"] >= metrics["average_throughput_seq_per_s"]
-    # The layout: <artifacts>/results/<dag_id>/<run_id>/
-    keys = results_in_s3(env, f"runs/results/{DAG_ID}/{run_id}/")
+    # The layout: <artifacts>/results/<dag_id>/<safe run id>/ (the same slug as the config prefix)
+    keys = results_in_s3(env, f"runs/results/{DAG_ID}/{safe_run_id(run_id)}/")
     names = {Path(key).name: size for key, size in keys.items()}
     assert names.get("results.json", 0) > 0, "\n".join(f"{k} {v}" for k, v in keys.items())
     assert [n for n in names if n.startswith("log_ph1_bf16_")], keys
-    assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/runs/results/{DAG_ID}/{run_id}/"
+    assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/runs/results/{DAG_ID}/{safe_run_id(run_id)}/"
     # It really trained: the running loss recorded in results.json falls clearly over the 40 steps.
     key = next(k for k in keys if k.endswith("/results.json"))
     body = _s3(env["AWS_ENDPOINT_URL"]).get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read()

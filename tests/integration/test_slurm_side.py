@@ -121,6 +121,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     from ultracluster.hooks.head_node import HeadNodeHook, HostKeyMismatchError
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.operators.dataset import DownloadDatasetOperator
+    from ultracluster.operators.config import safe_run_id
     from ultracluster.operators.results import CollectResultsOperator
     from ultracluster.operators.slurm import SlurmJobOperator
 
@@ -190,7 +191,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
 
     assert slurm.squeue_job("999999") == []  # an id slurmctld does not know
     compile_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "parallel_compile")
-    name_marker = rc.job_name_marker_path("/fsx/jobs/compile", compiled["job_id"])
+    name_marker = rc.job_file("/fsx/jobs/compile", compiled["job_id"], "name")
     assert slurm.head_node_hook.check(rc.read_file(name_marker)).stdout.strip() == compile_name
     clash = Store({STATE_KEY_JOB_ID: compiled["job_id"]})
     retrain = SlurmJobOperator(task_id="train", head_node=head, job_dir="/fsx/jobs/compile", num_nodes=2,
@@ -205,7 +206,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     metrics = collect.execute(ctx("collect_results"))
     assert metrics["final_loss"] == 7.5 and metrics["scaling_mode"] == "strong" and metrics["global_batch"] == 32
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ultracluster-artifacts")["Contents"]}
-    prefix = "results/trn1_bert_pretrain/manual__it_1/"
+    prefix = f"results/trn1_bert_pretrain/{safe_run_id('manual__it_1')}/"
     assert {prefix + "results.json", prefix + "log_ph1_bf16_0_2", prefix + "log_ph1_bf16_1_2",
             prefix + "ckpt/ckpt_3.pt", prefix + f"slurm-{trained['job_id']}.out"} <= keys
 
@@ -357,7 +358,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         job_id = slurm.sbatch(job_dir="/fsx/jobs/acct", script_path="/fsx/jobs/acct/fail.sh", num_nodes=1,
                               job_name="uc.acct", comment="accounting test", job_env={})
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (slurm.scontrol_show_job(job_id) or SimpleNamespace(terminal=True)).terminal:
+        while time.monotonic() < deadline and not slurm.job_status(job_id, "/fsx/jobs/acct").terminal:
             time.sleep(1)
         # slurmdbd records the end a moment after slurmctld: poll sacct until it has the final state.
         deadline = time.monotonic() + 60

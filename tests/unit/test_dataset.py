@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException
 import ultracluster.hooks.head_node as head_node_module
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
-from ultracluster.operators.dataset import DownloadDatasetOperator, marker_matches, parse_s3_uri
+from ultracluster.operators.dataset import DownloadDatasetOperator, dataset_object, marker_matches
 
 KEY = "training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
 URI = f"s3://neuron-s3/{KEY}"
@@ -192,7 +192,7 @@ def test_marker_matching():
     assert not marker_matches(marker, URI, "abc", 11)
     assert not marker_matches(marker, "s3://other/x.tar", "abc", 10)
     assert not marker_matches("", URI, "abc", 10) and not marker_matches("{bad", URI, "abc", 10)
-    assert parse_s3_uri(URI) == ("neuron-s3", KEY)
+    assert dataset_object(URI) == ("neuron-s3", KEY)
 
 
 _STARTED: list[tuple[subprocess.Popen, int]] = []

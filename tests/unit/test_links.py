@@ -8,7 +8,6 @@ from ultracluster.links import (
     ClusterConfigLink,
     ParallelClusterStackLink,
     S3ResultsLink,
-    split_s3_uri,
 )
 
 
@@ -52,16 +51,3 @@ def test_the_provider_registers_every_link():
     assert set(get_provider_info()["extra-links"]) == {
         f"{link.__module__}.{link.__qualname__}"
         for link in (CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink)}
-
-
-@pytest.mark.parametrize(("uri", "expected"), [
-    ("s3://bucket/a/b.tar", ("bucket", "a/b.tar")), ("s3://bucket", ("bucket", "")), ("s3://bucket/", ("bucket", "")),
-])
-def test_split_s3_uri(uri, expected):
-    assert split_s3_uri(uri) == expected
-
-
-@pytest.mark.parametrize("uri", ["https://bucket/x", "s3:///key", "bucket/key"])
-def test_split_s3_uri_rejects_others(uri):
-    with pytest.raises(ValueError):
-        split_s3_uri(uri)

@@ -58,11 +58,10 @@ def test_write_make_remove_with_hostile_names(tmp_path, value):
     assert not (tmp_path / "PWNED").exists()
 
 
-def test_argv_round_trips_through_the_shell():
+def test_values_round_trip_through_the_shell():
     value = "a'b; rm -rf /"
     command = rc.squeue_by_name(value)
-    assert shlex.split(command.shell) == list(command.argv)
-    assert value in command.argv
+    assert value in shlex.split(command.shell)
 
 
 @pytest.mark.parametrize("bad", ["12; rm -rf /", "abc", "", "1 2", "$(id)"])
@@ -74,7 +73,7 @@ def test_job_ids_are_validated(bad):
 
 
 def test_array_job_id_allowed():
-    assert rc.scancel("123_4").argv == ("scancel", "123_4")
+    assert shlex.split(rc.scancel("123_4").shell) == ["scancel", "123_4"]
 
 
 def _fake_bin(tmp_path, name: str) -> None:
@@ -143,7 +142,8 @@ def test_sbatch_wrap_uses_launcher_when_present_and_records_failure(tmp_path):
         job_dir=job_dir, script_path=job_dir + "/run.sh", num_nodes=1, job_name="j", comment="c",
         job_env={}, launcher="neuron_parallel_compile",
     )
-    wrap = command.argv[command.argv.index("--wrap") + 1]
+    words = shlex.split(command.shell)
+    wrap = words[words.index("--wrap") + 1]
     node = subprocess.run(
         ["/bin/bash", "-c", wrap], capture_output=True, text=True,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "78", "SRUN_LOG": str(tmp_path / "srun.log")},
@@ -276,3 +276,19 @@ def test_kill_process_group_ignores_a_tampered_pid_file(tmp_path):
     pid_file.write_text("1; touch PWNED")
     assert run_local(rc.kill_process_group(str(pid_file)), tmp_path).returncode == 0
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("pid", ["0", "1", "01", "00"])
+def test_kill_process_group_refuses_pids_0_and_1(tmp_path, pid):
+    """kill -- -0 would signal the command's own group, kill -- -1 every process it may signal."""
+    pid_file = tmp_path / "x.pid"
+    pid_file.write_text(pid)
+    sentinel = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        done = run_local(rc.kill_process_group(str(pid_file)), tmp_path)
+        assert done.returncode == 1 and "refusing to signal process group" in done.stderr
+        assert sentinel.poll() is None  # nothing was signalled
+        assert pid_file.exists()  # kept for a human to look at
+    finally:
+        sentinel.kill()
+        sentinel.wait()

@@ -10,6 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
+from ultracluster.operators.config import safe_run_id
 from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table
 from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
 
@@ -144,7 +145,9 @@ def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
                          xcom_push=lambda key, value: pushed.__setitem__(key, value))
     metrics = op.execute({"ti": ti, "outlet_events": events})
 
-    prefix = "results/trn1_bert_pretrain/manual__2026-11-30T08:00:00+00:00/"
+    # The run's slug, as the cluster config's prefix uses it.
+    prefix = f"results/trn1_bert_pretrain/{safe_run_id('manual__2026-11-30T08:00:00+00:00')}/"
+    assert prefix.startswith("results/trn1_bert_pretrain/manual-2026-11-30t08-00-00-00-00-")
     keys = sorted(o["Key"] for o in artifacts.list_objects_v2(Bucket="ultracluster-artifacts")["Contents"])
     assert keys == [prefix + name for name in
                     ["ckpt/ckpt_40.pt", "log_ph1_bf16_0_2", "log_ph1_bf16_1_2", "results.json", "slurm-7.out"]]

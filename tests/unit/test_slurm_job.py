@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import re
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,9 +34,20 @@ def recorded(name: str) -> CommandResult:
     return CommandResult(int(part("rc").strip() or 0), part("out"), part("err"))
 
 
+def argv(command: rc.RemoteCommand) -> tuple[str, ...] | None:
+    """The words of a single program call (``shlex.join``-built), else None."""
+    words = shlex.split(command.shell)
+    return tuple(words) if shlex.join(words) == command.shell else None
+
+
+def named(result: CommandResult, job_name: str) -> CommandResult:
+    """A recorded scontrol reply for a job of this name (the recordings are of uc-pending)."""
+    return CommandResult(result.exit_status, result.stdout.replace("JobName=uc-pending", f"JobName={job_name}"),
+                         result.stderr)
+
+
 def program(command: rc.RemoteCommand) -> str:
-    if command.argv:
-        words = list(command.argv)
+    if words := list(argv(command) or ()):
         while words and (words[0] == "env" or "=" in words[0]):
             words.pop(0)
         return words[0]
@@ -147,9 +159,9 @@ def test_fresh_submit_copies_files_stores_id_and_defers(training_dir):
     assert replay.programs() == ["squeue", "mkdir", "sbatch"]
     sbatch = replay.calls[-1]
     expected_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
-    assert sbatch.argv[sbatch.argv.index("--job-name") + 1] == expected_name
-    assert sbatch.argv[sbatch.argv.index("--partition") + 1] == "compute1"
-    assert "SCALING_MODE=strong" in sbatch.argv and "OUTPUT_ROOT=/fsx/jobs/run1/train" in sbatch.argv
+    assert argv(sbatch)[argv(sbatch).index("--job-name") + 1] == expected_name
+    assert argv(sbatch)[argv(sbatch).index("--partition") + 1] == "compute1"
+    assert "SCALING_MODE=strong" in argv(sbatch) and "OUTPUT_ROOT=/fsx/jobs/run1/train" in argv(sbatch)
     assert sorted(remote for _, remote in replay.files) == [
         "/fsx/jobs/run1/train/dp_bert_large_hf_pretrain_hdf5.py",
         "/fsx/jobs/run1/train/run_dp_bert_large_hf_pretrain_bf16_s128.sh",
@@ -165,9 +177,9 @@ def test_extra_job_env_adds_knobs_but_never_overrides_the_contract(training_dir)
     op = operator(replay, training_dir, extra_job_env={"TORCH_NUM_THREADS": "1", "SCALING_MODE": "weak"})
     with pytest.raises(TaskDeferred):
         op.execute(context(DictStore()))
-    argv = replay.calls[-1].argv
-    assert "TORCH_NUM_THREADS=1" in argv
-    assert "SCALING_MODE=strong" in argv and "SCALING_MODE=weak" not in argv
+    words = argv(replay.calls[-1])
+    assert "TORCH_NUM_THREADS=1" in words
+    assert "SCALING_MODE=strong" in words and "SCALING_MODE=weak" not in words
 
 
 def test_reattaches_by_name_without_submitting(training_dir):
@@ -199,7 +211,7 @@ def test_reattaches_to_stored_running_job(training_dir):
     with pytest.raises(TaskDeferred) as deferred:
         operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "1"})))
     assert replay.programs() == ["squeue", "scontrol"]
-    assert replay.calls[0].argv[replay.calls[0].argv.index("--jobs") + 1] == "1"
+    assert argv(replay.calls[0])[argv(replay.calls[0]).index("--jobs") + 1] == "1"
     assert deferred.value.trigger.job_id == "1"
 
 
@@ -239,7 +251,7 @@ def test_forgotten_stored_id_with_another_jobs_exit_marker_is_not_reattached(tra
         operator(replay, training_dir).execute(context(DictStore(**{STATE_KEY_JOB_ID: "1"})))
     assert deferred.value.trigger.job_id == "2"
     sacct = next(c for c in replay.calls if program(c) == "sacct")
-    assert sacct.argv[sacct.argv.index("--name") + 1] == TRAIN_NAME  # accounting asked for this name only
+    assert argv(sacct)[argv(sacct).index("--name") + 1] == TRAIN_NAME  # accounting asked for this name only
 
 
 def test_stored_completed_job_is_not_resubmitted(training_dir):
@@ -342,7 +354,7 @@ def test_on_kill_cancels_the_job(training_dir):
     assert replay.calls == []  # nothing submitted yet: nothing to cancel
     op._job_id = "12"
     op.on_kill()
-    assert [c.argv for c in replay.calls] == [("scancel", "12")]
+    assert [argv(c) for c in replay.calls] == [("scancel", "12")]
 
 
 # ------------------------------------------------------------------------------- trigger
@@ -408,6 +420,16 @@ def test_trigger_streams_progress_and_finishes_from_exit_marker(capsys):
     assert "UC_PROGRESS step=2 total=4 loss=8.25 lr=0.0001 throughput=12.5 eta_s=20" in logged[1]
 
 
+def test_trigger_does_not_follow_a_job_id_that_now_names_another_job():
+    """The async status check asks for the name as the sync one does (a rebuilt cluster reuses ids)."""
+    replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")])
+    event = run_trigger(trigger(job_id="3", job_name=TRAIN_NAME), replay)
+    assert event["status"] == "error" and "'uc-pending'" in event["message"], event
+    # The same job followed under its own name ends normally.
+    replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")])
+    assert run_trigger(trigger(job_id="3", job_name="uc-pending"), replay)["status"] == "success"
+
+
 def test_trigger_reports_failure_state_from_scontrol():
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_timeout")], read=[log_chunk(0, b"")])
     event = run_trigger(trigger(job_id="5"), replay)
@@ -449,19 +471,19 @@ def test_trigger_on_kill_cancels_unless_still_deferred(monkeypatch):
 
     monkeypatch.setattr(slurm_trigger_module, "task_is_still_deferred", killed)
     asyncio.run(t.on_kill())
-    assert [c.argv for c in replay.calls] == [("scancel", "21")]
+    assert [argv(c) for c in replay.calls] == [("scancel", "21")]
 
 
 def test_non_deferrable_waits_in_the_worker(training_dir):
     replay = ReplayHeadNode(
         squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[CommandResult(0, "3\n", "")],
-        scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")],
+        scontrol=[named(recorded("scontrol_completed"), TRAIN_NAME)], read=[log_chunk(0, b"")],
     )
     op = operator(replay, training_dir, deferrable=False)
     original = op._trigger
 
-    def patched(job_id, offset):
-        t = original(job_id, offset)
+    def patched(job_id, job_name, offset):
+        t = original(job_id, job_name, offset)
         t._slurm = lambda: SlurmHook(head_node_hook=replay)
         return t
 

@@ -147,3 +147,23 @@ def test_state_tables():
         assert state in parse.FAILURE_STATES and state in parse.TERMINAL_STATES
     assert parse.base_state("CANCELLED by 0") == "CANCELLED"
     assert parse.is_active("PENDING") and parse.is_active("COMPLETING") and not parse.is_active("COMPLETED")
+
+
+def test_exit_marker():
+    assert parse.parse_exit_marker("0\n") == 0 and parse.parse_exit_marker("137") == 137
+    assert parse.parse_exit_marker("") is None and parse.parse_exit_marker("garbage") is None
+
+
+def test_file_listing_and_log_chunk():
+    import base64
+
+    from ultracluster.parsers.files import FileOutputError, parse_file_listing, parse_log_chunk
+
+    assert parse_file_listing("12 results.json\n3 ckpt/a b.pt\n\nnoise\n") == {"results.json": 12, "ckpt/a b.pt": 3}
+    chunk = parse_log_chunk(f"42\n{base64.b64encode(b'UC_PROGRESS step=1').decode()}\n")
+    assert (chunk.size, chunk.data) == (42, b"UC_PROGRESS step=1")
+    assert parse_log_chunk("-1\n").size == -1
+    with pytest.raises(FileOutputError):
+        parse_log_chunk("not a size\n")
+    with pytest.raises(FileOutputError):
+        parse_log_chunk("5\n###\n")

@@ -6,10 +6,8 @@ this module only runs them through ``HeadNodeHook`` (sync) or its asyncssh path 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +16,7 @@ from airflow.sdk import BaseHook
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID, CommandResult, HeadNodeHook
 from ultracluster.parsers import slurm as parse
+from ultracluster.parsers.files import LogChunk, parse_log_chunk
 
 if TYPE_CHECKING:
     import asyncssh
@@ -39,7 +38,6 @@ class JobStatus:
     source: str  # "scontrol", "sacct" or "exit_marker"
     name: str | None = None  # the job name, when the source reports it
 
-
     @property
     def terminal(self) -> bool:
         return self.state in parse.TERMINAL_STATES or self.state == "UNKNOWN"
@@ -57,12 +55,6 @@ class JobStatus:
             "reason": self.reason,
             "source": self.source,
         }
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    size: int  # the file's size now; -1 when it does not exist yet
-    data: bytes  # bytes from the requested offset
 
 
 def _checked(command: remote_commands.RemoteCommand, result: CommandResult) -> CommandResult:
@@ -94,9 +86,8 @@ def _status_from_sacct(job_id: str, result: CommandResult, job_name: str | None 
 
 
 def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
-    text = result.stdout.strip()
-    if result.ok and text.lstrip("-").isdigit():
-        code = int(text)
+    code = parse.parse_exit_marker(result.stdout) if result.ok else None
+    if code is not None:
         return JobStatus(job_id, "COMPLETED" if code == 0 else "FAILED", code, 0, "from exit marker", "exit_marker")
     return JobStatus(
         job_id,
@@ -108,19 +99,54 @@ def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
     )
 
 
-def _log_chunk(result: CommandResult) -> LogChunk:
-    lines = result.stdout.split("\n", 1)
+# A status decision: yields the commands it needs, receives their results, returns the status.
+# The sync and async hooks drive the same one, so the two paths cannot drift apart.
+StatusPlan = Generator[remote_commands.RemoteCommand, CommandResult, JobStatus]
+
+
+def _job_status_plan(job_id: str, job_dir: str, job_name: str | None) -> StatusPlan:
+    """scontrol, then sacct (when accounting exists), then the job's exit marker file.
+
+    ``job_name`` restricts sacct to a job of that name, and reads the name the job recorded next
+    to its exit marker; the status then carries the name (a rebuilt cluster reuses job ids).
+    """
+    status = _status_from_scontrol(job_id, (yield remote_commands.scontrol_show_job(job_id)))
+    if status is None:
+        status = _status_from_sacct(job_id, (yield remote_commands.sacct_job(job_id, job_name)), job_name)
+    if status is None:
+        marker = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "exit"), 64)
+        status = _status_from_exit_marker(job_id, marker)
+        if job_name is not None and status.state != "UNKNOWN":
+            name = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "name"), 1024)
+            status = dataclasses.replace(status, name=name.stdout.strip() or None)
+    return status
+
+
+def _drive(plan: StatusPlan, run: Callable[[remote_commands.RemoteCommand], CommandResult]) -> JobStatus:
     try:
-        size = int(lines[0].strip())
-    except ValueError:
-        raise SlurmCommandError(f"Unexpected log read output: {result.stdout[:200]!r}") from None
-    if size < 0:
-        return LogChunk(-1, b"")
+        command = next(plan)
+        while True:
+            command = plan.send(run(command))
+    except StopIteration as done:
+        return done.value
+
+
+async def _adrive(
+    plan: StatusPlan, arun: Callable[[remote_commands.RemoteCommand], Awaitable[CommandResult]]
+) -> JobStatus:
     try:
-        data = base64.b64decode(lines[1].strip()) if len(lines) > 1 else b""
-    except binascii.Error as err:
-        raise SlurmCommandError(f"Log chunk is not base64: {err}") from None
-    return LogChunk(size, data)
+        command = next(plan)
+        while True:
+            command = plan.send(await arun(command))
+    except StopIteration as done:
+        return done.value
+
+
+def _log_chunk(command: remote_commands.RemoteCommand, result: CommandResult) -> LogChunk:
+    try:
+        return parse_log_chunk(_checked(command, result).stdout)
+    except ValueError as err:
+        raise SlurmCommandError(str(err)) from None
 
 
 class SlurmHook(BaseHook):
@@ -146,10 +172,6 @@ class SlurmHook(BaseHook):
     def _run(self, command: remote_commands.RemoteCommand) -> CommandResult:
         return self.head_node_hook.run(command)
 
-    def sinfo(self, partition: str | None = None) -> list[parse.NodeStatus]:
-        command = remote_commands.sinfo(partition)
-        return parse.parse_sinfo(_checked(command, self._run(command)).stdout)
-
     def squeue_by_name(self, job_name: str) -> list[parse.QueuedJob]:
         command = remote_commands.squeue_by_name(job_name)
         return parse.parse_squeue(_checked(command, self._run(command)).stdout)
@@ -161,10 +183,6 @@ class SlurmHook(BaseHook):
         if not result.ok and parse.is_unknown_job_error(result.stderr):
             return []
         return [job for job in parse.parse_squeue(_checked(command, result).stdout) if job.job_id == str(job_id)]
-
-    def scontrol_show_job(self, job_id: str) -> JobStatus | None:
-        """None when slurmctld does not know the job (finished longer than MinJobAge ago)."""
-        return _status_from_scontrol(job_id, self._run(remote_commands.scontrol_show_job(job_id)))
 
     def sbatch(self, **sbatch_args: Any) -> str:
         """Submit (arguments as ``remote_commands.sbatch``); returns the job id."""
@@ -179,26 +197,12 @@ class SlurmHook(BaseHook):
         _checked(command, self._run(command))
 
     def job_status(self, job_id: str, job_dir: str, *, job_name: str | None = None) -> JobStatus:
-        """scontrol, then sacct (when accounting exists), then the job's exit marker file.
-
-        ``job_name`` restricts sacct to a job of that name (the status then carries the name).
-        """
-        status = self.scontrol_show_job(job_id)
-        if status is None:
-            command = remote_commands.sacct_job(job_id, job_name)
-            status = _status_from_sacct(job_id, self._run(command), job_name)
-        if status is None:
-            marker = remote_commands.job_exit_marker_path(job_dir, job_id)
-            status = _status_from_exit_marker(job_id, self._run(remote_commands.read_file(marker, 64)))
-            if job_name is not None and status.state != "UNKNOWN":
-                name_file = remote_commands.job_name_marker_path(job_dir, job_id)
-                name = self._run(remote_commands.read_file(name_file, 1024)).stdout.strip()
-                status = dataclasses.replace(status, name=name or None)
-        return status
+        """Where the job stands (``_job_status_plan``)."""
+        return _drive(_job_status_plan(job_id, job_dir, job_name), self._run)
 
     def read_log_chunk(self, path: str, offset: int, max_bytes: int = 262_144) -> LogChunk:
         command = remote_commands.read_log_chunk(path, offset, max_bytes)
-        return _log_chunk(_checked(command, self._run(command)))
+        return _log_chunk(command, self._run(command))
 
     def tail_log(self, path: str, lines: int = 40) -> str:
         command = remote_commands.tail_lines(path, lines)
@@ -213,22 +217,14 @@ class SlurmHook(BaseHook):
         command = remote_commands.sinfo(partition)
         return parse.parse_sinfo(_checked(command, await self._arun(command, conn)).stdout)
 
-    async def ascontrol_show_job(self, job_id: str, *, conn=None) -> JobStatus | None:
-        return _status_from_scontrol(job_id, await self._arun(remote_commands.scontrol_show_job(job_id), conn))
-
     async def ascancel(self, job_id: str, *, conn=None) -> None:
         command = remote_commands.scancel(job_id)
         _checked(command, await self._arun(command, conn))
 
-    async def ajob_status(self, job_id: str, job_dir: str, *, conn=None) -> JobStatus:
-        status = await self.ascontrol_show_job(job_id, conn=conn)
-        if status is None:
-            status = _status_from_sacct(job_id, await self._arun(remote_commands.sacct_job(job_id), conn))
-        if status is None:
-            marker = remote_commands.job_exit_marker_path(job_dir, job_id)
-            status = _status_from_exit_marker(job_id, await self._arun(remote_commands.read_file(marker, 64), conn))
-        return status
+    async def ajob_status(self, job_id: str, job_dir: str, *, job_name: str | None = None, conn=None) -> JobStatus:
+        """``job_status`` over ``conn`` (one connection for a trigger's whole wait)."""
+        return await _adrive(_job_status_plan(job_id, job_dir, job_name), lambda command: self._arun(command, conn))
 
     async def aread_log_chunk(self, path: str, offset: int, max_bytes: int = 262_144, *, conn=None) -> LogChunk:
         command = remote_commands.read_log_chunk(path, offset, max_bytes)
-        return _log_chunk(_checked(command, await self._arun(command, conn)))
+        return _log_chunk(command, await self._arun(command, conn))

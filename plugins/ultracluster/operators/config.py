@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from ultracluster.links import ClusterConfigLink, split_s3_uri
+from ultracluster.links import ClusterConfigLink
+from ultracluster.s3_uri import split_s3_uri
 from ultracluster.tags import ownership_tags
 
 if TYPE_CHECKING:
@@ -39,6 +40,12 @@ def safe_run_id(run_id: str) -> str:
     """A run id usable in paths and resource names: [a-z0-9-], plus a hash so distinct ids stay distinct."""
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-") or "run"
     return f"{slug[:48].rstrip('-')}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
+
+
+def run_artifacts_location(artifacts_s3_uri: str, dag_id: str, run_id: str, *kind: str) -> tuple[str, str]:
+    """Bucket and prefix of one run's artifacts: ``<prefix>[/<kind>]/<dag_id>/<safe run id>``."""
+    bucket, prefix = split_s3_uri(artifacts_s3_uri)
+    return bucket, "/".join(p for p in (prefix.strip("/"), *kind, dag_id, safe_run_id(run_id)) if p)
 
 
 def cluster_name_for(run_id: str, requested: str | None = None) -> str:
@@ -243,11 +250,6 @@ class RenderClusterConfigOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.pipeline_checks = pipeline_checks
 
-    def artifacts_prefix(self, context: Context) -> tuple[str, str]:
-        bucket, prefix = split_s3_uri(self.artifacts_s3_uri)
-        run_prefix = "/".join(p for p in (prefix.strip("/"), context["dag"].dag_id, safe_run_id(context["run_id"])) if p)
-        return bucket, run_prefix
-
     def build_context(self, context: Context, on_node_configured_s3_uri: str) -> dict[str, Any]:
         buckets = {}
         for uri, write in ((self.dataset_s3_uri, False), (self.artifacts_s3_uri, True), (self.compile_cache_s3_uri, True)):
@@ -276,7 +278,7 @@ class RenderClusterConfigOperator(BaseOperator):
     def execute(self, context: Context) -> dict:
         if self.pipeline_checks:
             validate_pipeline_params(dict(context["params"]))
-        bucket, run_prefix = self.artifacts_prefix(context)
+        bucket, run_prefix = run_artifacts_location(self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"])
         script_key = f"{run_prefix}/on_node_configured.sh"
         config_key = f"{run_prefix}/cluster-config.yaml"
         template_context = self.build_context(context, f"s3://{bucket}/{script_key}")

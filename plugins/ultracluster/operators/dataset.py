@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,22 +21,28 @@ from airflow.sdk.exceptions import AirflowException
 
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.operators._remote_transfer import RemoteTransferMixin
+from ultracluster.parsers.files import parse_file_listing
+from ultracluster.s3_uri import split_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from ultracluster.hooks.head_node import HeadNodeHook
 
-_S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])/(.+)$")
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 MARKER_PREFIX = ".ultracluster-dataset-"
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    match = _S3_URI.match(uri or "")
-    if not match or match.group(2).endswith("/"):
+def dataset_object(uri: str) -> tuple[str, str]:
+    """Bucket and key of the dataset tar; a prefix (no key, or a trailing /) is refused."""
+    try:
+        bucket, key = split_s3_uri(uri)
+    except ValueError:
+        key = ""
+    if not key or key.endswith("/"):
         raise ValueError(f"dataset_s3_uri must be s3://bucket/key of a tar file, got {uri!r}")
-    return match.group(1), match.group(2)
+    return bucket, key
 
 
 def dataset_dir_name(key: str) -> str:
@@ -67,7 +72,7 @@ def marker_matches(marker_text: str, source_uri: str, etag: str, size: int) -> b
     )
 
 
-class DownloadDatasetOperator(BaseOperator):
+class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
     """Download and unpack the dataset tar on the head node's shared storage.
 
     :param head_node: the dict wait_for_fleet returned.
@@ -109,10 +114,9 @@ class DownloadDatasetOperator(BaseOperator):
         self.presigned_url_expiry = presigned_url_expiry
         # The silent curl/tar/sha256sum of a multi-GB dataset prints nothing for a long time.
         self.transfer_timeout = transfer_timeout
-        self._pid_file: str | None = None  # set while a cancellable remote transfer runs
 
     def _validate(self) -> tuple[str, str]:
-        bucket, key = parse_s3_uri(self.dataset_s3_uri)
+        bucket, key = dataset_object(self.dataset_s3_uri)
         if not posixpath.isabs(self.data_dir or ""):
             raise ValueError(f"data_dir must be an absolute path on shared storage, got {self.data_dir!r}")
         try:
@@ -171,16 +175,8 @@ class DownloadDatasetOperator(BaseOperator):
         head_node.check(remote_commands.remove_files(marker_path))
         pid_file = posixpath.join(self.data_dir, ".ultracluster-download.pid")
         head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
-        self._pid_file = pid_file
-        download = remote_commands.cancellable(remote_commands.download_to_file(url, tar_path), pid_file)
-        try:
-            head_node.check(download, timeout=self.transfer_timeout)
-        except Exception:
-            # Timeout or SSH loss: the detached curl may still run; the retry must not meet it.
-            self._stop_transfer(head_node, pid_file)
-            raise
-        finally:
-            self._pid_file = None
+        self.run_transfer(head_node, remote_commands.download_to_file(url, tar_path), pid_file,
+                          timeout=self.transfer_timeout)
         self._verify_tar(head_node, s3, bucket, key, tar_path, size)
 
         head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir), timeout=self.transfer_timeout)
@@ -204,25 +200,10 @@ class DownloadDatasetOperator(BaseOperator):
         self.log.info("Dataset ready in %s: %d file(s)", directory, count)
         return {"data_dir": directory, "files": count, "skipped": False}
 
-    def on_kill(self) -> None:
-        """Stop the remote curl: closing the SSH channel alone would leave it running."""
-        if self._pid_file:
-            from ultracluster.hooks.head_node import HeadNodeHook
-
-            # A fresh connection: the task's own one is busy in the blocked execute().
-            self._stop_transfer(HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node), self._pid_file)
-
-    def _stop_transfer(self, head_node: HeadNodeHook, pid_file: str) -> None:
-        try:
-            head_node.stop_remote_transfer(pid_file)
-            self.log.info("Stopped the remote transfer recorded in %s", pid_file)
-        except Exception:
-            self.log.exception("Could not stop the remote transfer recorded in %s", pid_file)
-
     def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
         """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""
         listing = head_node.check(remote_commands.list_files(posixpath.dirname(tar_path), max_depth=1)).stdout
-        sizes = {line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line}
+        sizes = parse_file_listing(listing)
         got = sizes.get(posixpath.basename(tar_path))
         if got != size:
             raise AirflowException(f"Downloaded {tar_path} is {got} bytes, S3 says {size}")

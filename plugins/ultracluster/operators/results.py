@@ -22,11 +22,12 @@ from airflow.sdk.exceptions import AirflowException
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 from ultracluster.links import S3ResultsLink
+from ultracluster.operators._remote_transfer import RemoteTransferMixin
+from ultracluster.parsers.files import parse_file_listing
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-_S3_PREFIX = re.compile(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$")
 _NODE_LOG = re.compile(r"(^|/)log_[^/]*$")
 _CHECKPOINT = re.compile(r"(ckpt|checkpoint)|\.(pt|pth|bin|safetensors)$", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
@@ -151,13 +152,13 @@ def select_artifacts(files: Mapping[str, int], results_name: str = "results.json
     return sorted(dict.fromkeys(chosen))
 
 
-class CollectResultsOperator(BaseOperator):
+class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
     """Upload a training job's results and report its key metrics.
 
     :param head_node: the dict wait_for_fleet returned.
     :param train: the dict SlurmJobOperator returned (job_id, output_dir, log_path, results_path).
     :param artifacts_s3_uri: ``s3://bucket[/prefix]``; files go under
-        ``<prefix>/results/<dag_id>/<run_id>/``.
+        ``<prefix>/results/<dag_id>/<safe run id>/`` (the config's run slug).
     :param aws_conn_id: S3Hook connection.
     :param ssh_conn_id: SSH connection of the head node.
     :param num_nodes: nodes of the run (else read from results.json).
@@ -193,15 +194,15 @@ class CollectResultsOperator(BaseOperator):
         self.presigned_url_expiry = presigned_url_expiry
         # A silent curl uploading a multi-GB checkpoint prints nothing for a long time.
         self.transfer_timeout = transfer_timeout
-        self._pid_file: str | None = None  # set while a cancellable remote transfer runs
 
     def _destination(self, context: Context) -> tuple[str, str]:
-        match = _S3_PREFIX.match(self.artifacts_s3_uri or "")
-        if not match:
-            raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}")
+        from ultracluster.operators.config import run_artifacts_location
+
         ti = context["ti"]
-        prefix = "/".join(p for p in [(match.group(2) or "").strip("/"), "results", ti.dag_id, ti.run_id] if p)
-        return match.group(1), prefix
+        try:
+            return run_artifacts_location(self.artifacts_s3_uri, ti.dag_id, ti.run_id, "results")
+        except ValueError:
+            raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -228,8 +229,7 @@ class CollectResultsOperator(BaseOperator):
             raise AirflowException(f"Cannot read metrics from {results_path}: {err}") from err
         metrics["job_id"] = self.train.get("job_id")
 
-        listing = head_node.check(remote_commands.list_files(output_dir)).stdout
-        files = {line.split(" ", 1)[1]: int(line.split(" ", 1)[0]) for line in listing.splitlines() if " " in line}
+        files = parse_file_listing(head_node.check(remote_commands.list_files(output_dir)).stdout)
         uploads = [(posixpath.join(output_dir, rel), rel) for rel in select_artifacts(files)]
         if results_path not in {local for local, _ in uploads}:
             uploads.append((results_path, posixpath.basename(results_path)))
@@ -238,15 +238,7 @@ class CollectResultsOperator(BaseOperator):
         s3 = S3Hook(aws_conn_id=self.aws_conn_id)
         pid_file = posixpath.join(output_dir, ".ultracluster-upload.pid")
         head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
-        self._pid_file = pid_file
-        try:
-            self._upload(head_node, s3, bucket, prefix, uploads)
-        except Exception:
-            # Timeout or SSH loss: the detached curl may still run; the retry must not meet it.
-            self._stop_transfer(head_node, pid_file)
-            raise
-        finally:
-            self._pid_file = None
+        self._upload(head_node, s3, bucket, prefix, uploads, pid_file)
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
         S3ResultsLink.persist(context=context, region_name=s3.conn_region_name, bucket=bucket, prefix=prefix)
 
@@ -255,22 +247,7 @@ class CollectResultsOperator(BaseOperator):
             context["outlet_events"][asset].extra = dict(metrics)
         return metrics
 
-    def on_kill(self) -> None:
-        """Stop the remote curl: closing the SSH channel alone would leave it running."""
-        if self._pid_file:
-            from ultracluster.hooks.head_node import HeadNodeHook
-
-            # A fresh connection: the task's own one is busy in the blocked execute().
-            self._stop_transfer(HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node), self._pid_file)
-
-    def _stop_transfer(self, head_node, pid_file: str) -> None:
-        try:
-            head_node.stop_remote_transfer(pid_file)
-            self.log.info("Stopped the remote transfer recorded in %s", pid_file)
-        except Exception:
-            self.log.exception("Could not stop the remote transfer recorded in %s", pid_file)
-
-    def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]]) -> None:
+    def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]], pid_file: str) -> None:
         for start in range(0, len(uploads), _UPLOAD_BATCH):
             batch = uploads[start : start + _UPLOAD_BATCH]
             signed = []
@@ -283,8 +260,7 @@ class CollectResultsOperator(BaseOperator):
                 if not url:
                     raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
                 signed.append((local, url))
-            upload = remote_commands.cancellable(remote_commands.upload_files(signed), self._pid_file)
-            head_node.check(upload, timeout=self.transfer_timeout)
+            self.run_transfer(head_node, remote_commands.upload_files(signed), pid_file, timeout=self.transfer_timeout)
         missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
         if missing:
             raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")

@@ -137,7 +137,7 @@ class SlurmJobOperator(BaseOperator):
         return self._hook
 
     def _log_path(self, job_id: str) -> str:
-        return posixpath.join(self.job_dir, f"slurm-{job_id}.out")
+        return remote_commands.job_file(self.job_dir, job_id, "out")
 
     def _output_root(self) -> str:
         return self.job_env.get("OUTPUT_ROOT") or self.job_dir
@@ -275,14 +275,14 @@ class SlurmJobOperator(BaseOperator):
         # The streamed offset is only meaningful for the job it was read from.
         saved = (store.get(STATE_KEY_LOG_OFFSET) if store is not None else None) or {}
         log_offset = int(saved.get("offset", 0)) if isinstance(saved, dict) and saved.get("job_id") == job_id else 0
-        trigger = self._trigger(job_id, log_offset)
+        trigger = self._trigger(job_id, job_name, log_offset)
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         # Same wait logic without a triggerer: run the trigger's loop in this worker.
         event = asyncio.run(self._first_event(trigger))
         return self.execute_complete(context, event)
 
-    def _trigger(self, job_id: str, log_offset: int):
+    def _trigger(self, job_id: str, job_name: str, log_offset: int):
         from ultracluster.triggers.slurm import SlurmJobTrigger
 
         return SlurmJobTrigger(
@@ -290,6 +290,7 @@ class SlurmJobOperator(BaseOperator):
             ssh_conn_id=self.ssh_conn_id,
             job_id=job_id,
             job_dir=self.job_dir,
+            job_name=job_name,
             log_path=self._log_path(job_id),
             log_offset=log_offset,
             poll_interval=self.poll_interval,

@@ -338,3 +338,9 @@ def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None] 
             status, signal = _exit_code(parts[3])
             return base_state(parts[2]), status, signal
     return None
+
+
+def parse_exit_marker(text: str) -> int | None:
+    """srun's exit code as the batch script wrote it to ``slurm-<id>.exit``; None when absent."""
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else None

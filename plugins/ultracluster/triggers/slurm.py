@@ -33,6 +33,8 @@ class SlurmJobTrigger(BaseTrigger):
     :param head_node: ``{"cluster_name", "address", "host_key", ...}`` from wait_for_fleet.
     :param ssh_conn_id: SSH connection (user, key, port).
     :param job_id: Slurm job id.
+    :param job_name: the job's Slurm name; a job id that now names another job (a rebuilt cluster
+        reuses ids) ends the wait with an error instead of following a stranger's job.
     :param job_dir: job directory on shared storage (holds the exit marker).
     :param log_path: the job's Slurm output file.
     :param log_offset: byte offset already streamed (carried across deferrals and retries).
@@ -50,6 +52,7 @@ class SlurmJobTrigger(BaseTrigger):
         ssh_conn_id: str,
         job_id: str,
         job_dir: str,
+        job_name: str | None = None,
         log_path: str,
         log_offset: int = 0,
         poll_interval: float = 30,
@@ -62,6 +65,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.ssh_conn_id = ssh_conn_id
         self.job_id = str(job_id)
         self.job_dir = job_dir
+        self.job_name = job_name
         self.log_path = log_path
         self.log_offset = int(log_offset)
         self.poll_interval = float(poll_interval)
@@ -82,6 +86,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "ssh_conn_id": self.ssh_conn_id,
                 "job_id": self.job_id,
                 "job_dir": self.job_dir,
+                "job_name": self.job_name,
                 "log_path": self.log_path,
                 "log_offset": self.log_offset,
                 "poll_interval": self.poll_interval,
@@ -153,7 +158,11 @@ class SlurmJobTrigger(BaseTrigger):
             try:
                 async with head_node_hook.aconnection() as conn:
                     while True:
-                        status = await slurm.ajob_status(self.job_id, self.job_dir, conn=conn)
+                        status = await slurm.ajob_status(self.job_id, self.job_dir, job_name=self.job_name, conn=conn)
+                        if self.job_name and status.name and status.name != self.job_name:
+                            yield self._event("error", message=f"Slurm job {self.job_id} is now {status.name!r}, "
+                                                               f"not this task's {self.job_name!r}")
+                            return
                         # Read the log after the state: a finished job's last lines are then in.
                         await self._stream_log(slurm, conn, final=status.terminal)
                         last_contact, failures = time.monotonic(), 0
