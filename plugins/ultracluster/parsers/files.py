@@ -27,7 +27,7 @@ def parse_log_chunk(stdout: str) -> LogChunk:
     if size < 0:
         return LogChunk(-1, b"")
     try:
-        data = base64.b64decode(lines[1].strip()) if len(lines) > 1 else b""
+        data = base64.b64decode(lines[1].strip(), validate=True) if len(lines) > 1 else b""
     except binascii.Error as err:
         raise FileOutputError(f"Log chunk is not base64: {err}") from None
     return LogChunk(size, data)
