@@ -48,10 +48,39 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "localcluster: tests of the local UltraCluster (moto, CLI, daemons)")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except OSError:
+        return 32768, 60999
+
+
+_next_port = [0]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port outside the kernel's ephemeral range.
+
+    A client that polls a not-yet-listening port inside that range can be handed the same port
+    as its own source and connect to itself (TCP simultaneous open); the server then cannot bind
+    and both sides hang. Ports above the range are never picked as sources.
+    """
+    low, high = _ephemeral_range()
+    start, end = (high + 1, 65535) if high < 65000 else (20000, low - 1)
+    span = end - start
+    if not _next_port[0]:
+        _next_port[0] = (os.getpid() * 7919) % span
+    for _ in range(span):
+        port = start + _next_port[0] % span
+        _next_port[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {start}-{end}")
 
 
 def _answers(endpoint: str) -> bool:

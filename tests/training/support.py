@@ -8,13 +8,12 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fixtures_localcluster import processes_mentioning  # noqa: F401 - shared helper, re-exported
+from tests.fixtures_localcluster import free_port, processes_mentioning  # noqa: F401 - shared helpers, re-exported
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINING_DIR = REPO / "include" / "training"
@@ -30,12 +29,6 @@ TINY_ENV = {
     "MODEL_SIZE": "tiny", "BATCH_SIZE": "8", "WARMUP_STEPS": "5", "LR": "0.001",
     "TORCH_NUM_THREADS": "1", "STEPS_PER_CKPT": "10", "NUM_CKPTS_TO_KEEP": "2",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -117,9 +110,10 @@ class EmulatedNodes:
         deadline = time.monotonic() + timeout
         try:
             return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in self.processes]
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.kill()
-            raise
+            tails = "\n".join(f"--- node {n}:\n{out.read_text()[-2000:]}" for n, out in enumerate(self.outputs))
+            raise AssertionError(f"the nodes did not finish in {timeout:.0f} s\n{tails}") from exc
 
     def kill(self) -> None:
         for process in self.processes:
