@@ -1,6 +1,6 @@
 """BERT-Large pretraining on an AWS Trn1 UltraCluster, from network to results, torn down afterwards.
 
-create_vpc -> render_config -> pcluster_create -> wait_for_fleet -> download_data -> parallel_compile
+preflight -> create_vpc -> render_config -> pcluster_create -> wait_for_fleet -> download_data -> parallel_compile
 -> train -> collect_results -> delete_cluster (teardown of pcluster_create) -> delete_vpc (teardown of
 create_vpc).
 
@@ -8,13 +8,16 @@ Param defaults come from the deploy-time profile include/profiles/$ULTRACLUSTER_
 (production by default; ``local`` for the local UltraCluster). Nothing here depends on the profile:
 only connections and configuration differ between real AWS and the local cluster.
 
-Parse cost: only the Airflow SDK and ultracluster's light modules are imported here; boto3, yaml,
-jinja2 rendering, paramiko/asyncssh load inside tasks.
+Parse cost: the VPC operators' base class (providers-amazon AwsBaseOperator) brings boto3. It is
+imported below by name, so the DAG processor pre-imports it once in its parent process
+(``parsing_pre_import_modules``) instead of in every parse. Everything else heavy (yaml, jinja2
+rendering, paramiko/asyncssh) loads inside tasks.
 """
 from __future__ import annotations
 
 from datetime import timedelta
 
+import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401 - pre-imported by the DAG processor
 from airflow.sdk import DAG, Asset
 
 from ultracluster.operators.config import (
@@ -26,12 +29,14 @@ from ultracluster.operators.config import (
 )
 from ultracluster.operators.dataset import DownloadDatasetOperator
 from ultracluster.operators.pcluster import CreateClusterOperator, DeleteClusterOperator
+from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.operators.results import CollectResultsOperator
 from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
 from ultracluster.profiles import include_dir, load_profile
 from ultracluster.sensors.fleet import ComputeFleetSensor
+from ultracluster.sweep import plan_of
 
 DAG_ID = "trn1_bert_pretrain"
 PROFILE = load_profile()
@@ -41,6 +46,7 @@ PCLUSTER_CONN_ID = "pcluster_default"
 SSH_CONN_ID = "ultracluster_head_node"
 
 PARAMS = dag_params(PROFILE)
+SCHEDULE_PERIOD = timedelta(days=7)
 
 # Derived paths on shared storage (docs/contracts.md).
 JOB_DIR = "{{ params.shared_storage_mount_dir }}/ultracluster/{{ dag.dag_id }}/{{ safe_run_id(run_id) }}"
@@ -49,7 +55,7 @@ COMPILE_CACHE_DIR = "{{ params.shared_storage_mount_dir }}/neuron-compile-cache"
 CLUSTER_NAME = "{{ ti.xcom_pull(task_ids='render_config')['cluster_name'] }}"
 
 JOB_ENV = {
-    "SCALING_MODE": "{{ params.scaling_mode }}",
+    "SCALING_MODE": "{{ plan(ti).scaling_mode }}",
     "MAX_STEPS": "{{ params.max_steps }}",
     "STEPS_THIS_RUN": "{{ params.steps_this_run }}",
     "BATCH_SIZE": "{{ params.batch_size }}",
@@ -59,6 +65,7 @@ JOB_ENV = {
     "COMPILE_CACHE_DIR": COMPILE_CACHE_DIR,
     "MODEL_SIZE": "{{ params.model_size }}",
     "TRAINING_PYTHON": "{{ params.training_python }}",
+    "SWEEP_POINT": "{{ plan(ti).sweep_point }}",  # JSON in the job's environment; into results.json
 }
 
 # Named, without a URI: any URI with a scheme makes Airflow load every provider's URI normaliser
@@ -71,7 +78,7 @@ with DAG(
     # Weekly so backfills can sweep node counts; paused on creation so nobody pays for a surprise run.
     # No start_date: with one, unpausing starts a run for the latest past week at once (catchup=False
     # still schedules the most recent tick); without, the first scheduled run is the next tick.
-    schedule="@weekly",
+    schedule="@weekly",  # ticks SCHEDULE_PERIOD apart: a backfilled sweep's points follow them
     catchup=False,
     is_paused_upon_creation=True,
     # Each run owns a whole cluster: a couple at a time is what quotas and budgets allow.
@@ -82,11 +89,20 @@ with DAG(
         "safe_run_id": safe_run_id,
         "cluster_name_for": cluster_name_for,
         "vpc_stack_name_for": vpc_stack_name_for,
+        "plan": plan_of,  # the params with the run's sweep point applied (preflight's XCom)
     },
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     tags=["ultracluster", "trn1", "bert"],
     doc_md=__doc__,
 ) as dag:
+    preflight = PreflightOperator(
+        task_id="preflight",
+        schedule_period=SCHEDULE_PERIOD,
+        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
+        max_cost_usd="{{ params.max_cost_usd }}",
+        aws_conn_id=AWS_CONN_ID,
+    )
+
     create_vpc = CreateVpcStackOperator(
         task_id="create_vpc",
         stack_name="{{ vpc_stack_name_for(run_id) }}",
@@ -112,8 +128,8 @@ with DAG(
         image_os="{{ params.image_os }}",
         head_node_instance_type="{{ params.head_node_instance_type }}",
         instance_type="{{ params.instance_type }}",
-        min_nodes="{{ params.min_nodes }}",
-        max_nodes="{{ params.max_nodes }}",
+        min_nodes="{{ plan(ti).min_nodes }}",
+        max_nodes="{{ plan(ti).max_nodes }}",
         extra_queues="{{ params.extra_queues }}",
         shared_storage_mount_dir="{{ params.shared_storage_mount_dir }}",
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
@@ -136,7 +152,7 @@ with DAG(
     wait_for_fleet = ComputeFleetSensor(
         task_id="wait_for_fleet",
         cluster_name=CLUSTER_NAME,
-        num_nodes="{{ params.num_nodes }}",
+        num_nodes="{{ plan(ti).num_nodes }}",
         partition=TRAINING_QUEUE,
         region_name="{{ params.region }}",
         pcluster_conn_id=PCLUSTER_CONN_ID,
@@ -158,7 +174,7 @@ with DAG(
     same_slurm_job = dict(
         head_node=wait_for_fleet.output,
         job_dir=JOB_DIR,
-        num_nodes="{{ params.num_nodes }}",
+        num_nodes="{{ plan(ti).num_nodes }}",
         job_env=JOB_ENV,
         extra_job_env="{{ params.extra_job_env }}",
         training_files_dir=str(include_dir() / "training"),
@@ -213,7 +229,8 @@ with DAG(
     )
 
     (
-        create_vpc
+        preflight
+        >> create_vpc
         >> render_config
         >> pcluster_create
         >> wait_for_fleet

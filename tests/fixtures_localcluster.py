@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOCALCLUSTER_BIN = REPO / ".venvs" / "localcluster" / "bin"
 PCLUSTER_BIN = LOCALCLUSTER_BIN / "pcluster"
 ADMIN_BIN = LOCALCLUSTER_BIN / "local-ultracluster"
-MOTO_BIN = LOCALCLUSTER_BIN / "moto_server"
+LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
+MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
 KEY_NAME = "ultracluster-local"
 REGION = "us-east-1"
 TEST_SLOTS = {"LOCAL_UC_SLOT_MIN": "200", "LOCAL_UC_SLOT_MAX": "239", "LOCAL_UC_PORT_BASE": "20000",
@@ -60,15 +61,16 @@ _next_port = [0]
 
 
 def free_port() -> int:
-    """A free loopback port outside the kernel's ephemeral range.
+    """A free loopback port just below the kernel's ephemeral range (30000-32767 by default).
 
-    A client that polls a not-yet-listening port inside that range can be handed the same port
-    as its own source and connect to itself (TCP simultaneous open); the server then cannot bind
-    and both sides hang. Ports above the range are never picked as sources.
+    Not inside that range: a client that polls a not-yet-listening port there can be handed the
+    same port as its own source and connect to itself (TCP simultaneous open); the server then
+    cannot bind and both sides hang. Not above it either: local clusters' training rendezvous ports
+    live there (61000-65499, the run script), and local clusters' Slurm ports sit below 30000.
     """
-    low, high = _ephemeral_range()
-    start, end = (high + 1, 65535) if high < 65000 else (20000, low - 1)
-    span = end - start
+    low, _ = _ephemeral_range()
+    start, end = max(1024, low - 2768), low - 1
+    span = end - start + 1
     if not _next_port[0]:
         _next_port[0] = (os.getpid() * 7919) % span
     for _ in range(span):
@@ -93,15 +95,26 @@ def _answers(endpoint: str) -> bool:
         return False
 
 
+def install_moto_stack_deletes() -> None:
+    """Give an in-process moto the stand-in's stack deletes (localcluster/moto_server.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_localcluster_moto_server", MOTO_SERVER_MODULE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
+
+
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    if not MOTO_BIN.exists():
-        pytest.skip(f"{MOTO_BIN} missing: run `make setup`")
+    """The stand-in's AWS as `local-ultracluster up` starts it: moto with the stack deletes it lacks."""
+    if not LOCALCLUSTER_PYTHON.exists():
+        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(MOTO_BIN), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log,
-                               stdin=subprocess.DEVNULL)
+    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.moto_server", "-H", "127.0.0.1",
+                                "-p", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(endpoint):

@@ -696,6 +696,8 @@ def train(args, runtime: Runtime) -> int:
             "End step": step,
             "Resumed from": str(resumed_from) if resumed_from else None,
             "Compile only": args.compile_only,
+            # The scaling-sweep point this run trained (SWEEP_POINT, JSON from the pipeline), or None.
+            "Sweep": json.loads(os.environ.get("SWEEP_POINT") or "null"),
         }
         metrics = loss_metrics + throughput_metrics + [
             metric("Final loss", last_loss, "", {"step": step}),

@@ -66,11 +66,11 @@ def moto_pid_file(home: Path) -> Path:
 
 def start_moto(home: Path, endpoint: str) -> int:
     host, port = _loopback_host_port(endpoint)
-    moto_server = Path(sys.executable).with_name("moto_server")
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "moto.log", "ab") as log:
-        process = subprocess.Popen([str(moto_server), "-H", host, "-p", str(port)], stdin=subprocess.DEVNULL,
+        # moto with the stack deletes it lacks (localcluster/moto_server.py)
+        process = subprocess.Popen([sys.executable, "-m", "localcluster.moto_server", "-H", host, "-p", str(port)], stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=log, start_new_session=True, close_fds=True)
     moto_pid_file(home).write_text(json.dumps({"pid": process.pid, "endpoint": endpoint}))
     deadline = time.monotonic() + MOTO_START_TIMEOUT_S

@@ -27,13 +27,15 @@ def get_provider_info() -> dict:
         ],
         "sensors": [{"integration-name": _PCLUSTER, "python-modules": ["ultracluster.sensors.fleet"]}],
         "hooks": [
-            {"integration-name": _PCLUSTER, "python-modules": ["ultracluster.hooks.parallelcluster"]},
+            {"integration-name": _PCLUSTER, "python-modules": [
+                "ultracluster.hooks.parallelcluster", "ultracluster.hooks.network_stack"]},
             {"integration-name": _SLURM, "python-modules": [
                 "ultracluster.hooks.head_node", "ultracluster.hooks.slurm"]},
         ],
         "triggers": [
             {"integration-name": _PCLUSTER, "python-modules": [
-                "ultracluster.triggers.pcluster", "ultracluster.triggers.fleet"]},
+                "ultracluster.triggers.pcluster", "ultracluster.triggers.cloud_formation",
+                "ultracluster.triggers.fleet"]},
             {"integration-name": _SLURM, "python-modules": ["ultracluster.triggers.slurm"]},
         ],
         "extra-links": [

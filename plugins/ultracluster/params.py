@@ -16,12 +16,14 @@ from airflow.sdk import Param
 
 from ultracluster.operators.config import TRAINING_QUEUE
 from ultracluster.s3_uri import S3_URI_PATTERN
+from ultracluster.sweep import SWEEP_SCHEMA
 
 TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
 
 # The form's sections, in the order they appear (Airflow shows them as collapsible groups).
-CLUSTER, TRAINING, DATA, NETWORK, ADVANCED = "Cluster", "Training", "Data", "Network", "Advanced"
-SECTIONS = (CLUSTER, TRAINING, DATA, NETWORK, ADVANCED)
+CLUSTER, TRAINING, DATA, NETWORK = "Cluster", "Training", "Data", "Network"
+SWEEP, ADVANCED = "Sweep and cost", "Advanced"
+SECTIONS = (CLUSTER, TRAINING, DATA, NETWORK, SWEEP, ADVANCED)
 
 
 def optional(value: Any) -> Any:
@@ -161,6 +163,18 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             None, "Extra security group", NETWORK,
             "Optional: another security group for the nodes when reusing a network.",
             type=["null", "string"], pattern=r"^sg-[0-9a-z]+$"),
+        # --- Sweep and cost ---------------------------------------------------------------------
+        "sweep": _param(
+            None, "Scaling sweep", SWEEP,
+            "Optional: this run is one point of a scaling sweep; the point sets the node count, and "
+            "the scaling report groups runs by id. In a backfill each logical date picks its point. "
+            'Example: {"id": "s1", "num_nodes": [1, 2, 4], "scaling_mode": "weak"}; '
+            'one run of it: add "point": {"num_nodes": 2}.',
+            **SWEEP_SCHEMA),
+        "max_cost_usd": _param(
+            None, "Cost limit (USD)", SWEEP,
+            "Optional: fail before anything is created when the run's cost estimate exceeds this.",
+            type=["null", "number"], minimum=0),
         # --- Advanced --------------------------------------------------------------------------
         "cluster_name": _param(
             None, "Cluster name", ADVANCED,

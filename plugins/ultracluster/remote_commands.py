@@ -58,15 +58,16 @@ def _check_job_id(job_id: str | int) -> str:
     return text
 
 
-def _check_env(env: Mapping[str, str]) -> dict[str, str]:
-    checked: dict[str, str] = {}
+def _env_words(env: Mapping[str, str]) -> list[str]:
+    """``env NAME=value ...`` (checked names and values) to put before a command; none for no env."""
+    assignments: list[str] = []
     for name, value in env.items():
         if not _ENV_NAME.match(name):
             raise ValueError(f"Invalid environment variable name for the job: {name!r}")
         if "\n" in str(value) or "\x00" in str(value):
             raise ValueError(f"Environment variable {name} holds a newline or NUL byte")
-        checked[name] = str(value)
-    return checked
+        assignments.append(f"{name}={value}")
+    return ["env", *assignments] if assignments else []
 
 
 def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None) -> str:
@@ -160,23 +161,17 @@ def sbatch(
     """
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-    env = _check_env(job_env)
-    fallback_env = _check_env(launcher_fallback_env or {})
-    srun_plain = shlex.join(["srun", script_path])
+    env_words = _env_words(job_env)
+    fallback_env_words = _env_words(launcher_fallback_env or {})
+    run = shlex.join(["srun", script_path])
     if launcher:
         srun_launcher = shlex.join(["srun", launcher, script_path])
-        fallback = " ".join(
-            [shlex.join(["env", *(f"{k}={v}" for k, v in fallback_env.items())]), srun_plain]
-            if fallback_env
-            else [srun_plain]
-        )
+        fallback = shlex.join([*fallback_env_words, "srun", script_path])
         run = (
             f"if command -v {shlex.quote(launcher)} >/dev/null 2>&1; then {srun_launcher}; "
             f"else echo {shlex.quote(f'UC_INFO {launcher} not found, running compile-only mode')}; "
             f"{fallback}; fi"
         )
-    else:
-        run = srun_plain
     # The batch shell fills in the id; the name tells whose exit marker it is once job ids repeat
     # (a rebuilt cluster restarts at 1).
     exit_marker, name_marker = (
@@ -184,22 +179,10 @@ def sbatch(
         for kind in ("exit", "name")
     )
     wrap = f'echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
-
     argv = [
-        "sbatch",
-        "--parsable",
-        "--job-name",
-        job_name,
-        "--comment",
-        comment,
-        "--nodes",
-        str(int(num_nodes)),
-        "--chdir",
-        job_dir,
-        "--output",
-        _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
-        "--export",
-        "ALL",
+        "sbatch", "--parsable", "--job-name", job_name, "--comment", comment, "--nodes", str(int(num_nodes)),
+        "--chdir", job_dir, "--output", _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
+        "--export", "ALL",
         # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
         # from scratch behind the task's back and hide NODE_FAIL.
         "--no-requeue",
@@ -211,7 +194,6 @@ def sbatch(
     if time_limit_minutes:
         argv += ["--time", str(int(time_limit_minutes))]
     argv += ["--wrap", wrap]
-    env_words = ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
     shell = shlex.join([*env_words, *argv])
     return RemoteCommand(shell=shell, description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})")
 

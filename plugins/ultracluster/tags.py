@@ -1,5 +1,7 @@
 """Ownership tags (docs/contracts.md): what marks a stack or cluster as created by one run.
 
+A stack's owner is read by NetworkStackHook.stack_owner.
+
 Stdlib only: imported at DAG parse time through the operators.
 """
 from __future__ import annotations
@@ -10,12 +12,6 @@ RUN_ID_TAG = "ultracluster:run-id"
 
 def ownership_tags(dag_id: str, run_id: str) -> dict[str, str]:
     return {DAG_ID_TAG: dag_id, RUN_ID_TAG: run_id}
-
-
-def stack_owner(cfn_client, stack_name: str) -> str | None:
-    """Run id tagged on a CloudFormation stack (describe_stacks raises when it does not exist)."""
-    stack = cfn_client.describe_stacks(StackName=stack_name)["Stacks"][0]
-    return {t["Key"]: t["Value"] for t in stack.get("Tags") or []}.get(RUN_ID_TAG)
 
 
 def cluster_owner(description: dict) -> str | None:

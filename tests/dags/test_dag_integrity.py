@@ -16,10 +16,11 @@ DAGS = REPO / "dags"
 DAG_FILE = DAGS / "trn1_bert_pretrain.py"
 DAG_ID = "trn1_bert_pretrain"
 
-TASK_IDS = ["create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
+TASK_IDS = ["preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
             "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"]
 UPSTREAM = {
-    "create_vpc": set(),
+    "preflight": set(),
+    "create_vpc": {"preflight"},
     "render_config": {"create_vpc"},
     "pcluster_create": {"render_config"},
     "wait_for_fleet": {"pcluster_create"},
@@ -170,27 +171,17 @@ def test_a_valid_sweep_conf_is_accepted(dag):
     assert values["num_nodes"] == 8
 
 
-def test_cross_field_errors_fail_in_create_vpc_before_anything_is_created(dag, monkeypatch):
-    """The schema cannot compare fields: num_nodes > max_nodes passes it, then create_vpc stops the run."""
-    from moto import mock_aws
-
-    from ultracluster.operators.config import ConfigValidationError
+def test_cross_field_errors_fail_in_preflight_without_retries(dag):
+    """The schema cannot compare fields: num_nodes > max_nodes passes it, then preflight, the first
+    task, stops the run with AirflowFailException (no retries) before anything exists."""
+    from airflow.sdk.exceptions import AirflowFailException
 
     values = merged(dag, {"num_nodes": 32, "max_nodes": 16})  # schema-valid
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": "us-east-1"}}))
-    with mock_aws():
-        import boto3
-
-        task = dag.get_task("create_vpc")
-        context = {"params": values, "run_id": "manual__x", "dag": SimpleNamespace(dag_id=DAG_ID)}
-        with pytest.raises(ConfigValidationError, match=r"num_nodes \(32\) exceeds max_nodes \(16\)"):
-            task.execute(context)
-        assert boto3.client("cloudformation", region_name="us-east-1").describe_stacks()["Stacks"] == []
-        assert boto3.client("ec2", region_name="us-east-1").describe_nat_gateways()["NatGateways"] == []
+    task = dag.get_task("preflight")
+    assert dag.get_task("create_vpc").upstream_task_ids == {"preflight"}
+    context = {"params": values, "run_id": "manual__x", "dag": SimpleNamespace(dag_id=DAG_ID), "logical_date": None}
+    with pytest.raises(AirflowFailException, match=r"num_nodes \(32\) exceeds max_nodes \(16\)"):
+        task.execute(context)
 
 
 def test_run_derived_templates_render(dag):
@@ -220,22 +211,27 @@ BARE_DAG = (
     "with DAG('bare', schedule=None):\n"
     "    EmptyOperator(task_id='a') >> EmptyOperator(task_id='b')\n"
 )
-NEVER_AT_PARSE = ("boto3", "botocore", "paramiko", "asyncssh", "torch")
+NEVER_AT_PARSE = ("boto3", "botocore", "paramiko", "asyncssh", "torch")  # in the parse itself
 
 
 def modules_after_loading(dag_file: Path) -> set[str]:
-    """Every module loaded in a fresh interpreter after executing ``dag_file``."""
+    """Modules a parse of ``dag_file`` adds in a fresh interpreter, after the DAG processor's
+    pre-import of the file's ``airflow.*`` imports (parsing_pre_import_modules, on by default)."""
     code = (
-        "import sys, importlib.util, json\n"
+        "import sys, importlib, importlib.util, json\n"
+        "from airflow.utils.file import iter_airflow_imports\n"
+        f"for name in iter_airflow_imports({str(dag_file)!r}): importlib.import_module(name)\n"
+        "before = set(sys.modules)\n"
         f"spec = importlib.util.spec_from_file_location('dag_under_test', {str(dag_file)!r})\n"
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
     )
     return set(json.loads(run_python(code)))
 
 
 def test_dag_file_top_level_imports_stay_light(tmp_path):
-    # airflow.sdk itself loads jinja2 and yaml: compare with a bare DAG, each in a fresh interpreter.
+    # airflow.sdk itself loads jinja2 and yaml: compare with a bare DAG, each in a fresh interpreter
+    # that first pre-imports the file's airflow.* imports, as the DAG processor's parent does.
     bare = tmp_path / "bare_dag.py"
     bare.write_text(BARE_DAG)
     baseline = modules_after_loading(bare)
@@ -244,6 +240,13 @@ def test_dag_file_top_level_imports_stay_light(tmp_path):
     assert any(m.startswith("ultracluster.operators.") for m in added)  # the comparison sees the DAG's own imports
     assert sorted(m for m in added if m.split(".")[0] in HEAVY) == []
     assert sorted(m for m in loaded if m.split(".")[0] in NEVER_AT_PARSE) == []
+
+
+def test_boto3_reaches_the_parse_only_through_a_pre_imported_module():
+    """Without the pre-import the parse itself would load boto3 (AwsBaseOperator): keep it named."""
+    from airflow.utils.file import iter_airflow_imports
+
+    assert "airflow.providers.amazon.aws.operators.base_aws" in set(iter_airflow_imports(str(DAG_FILE)))
 
 
 def test_delete_vpc_checks_the_cluster_delete_cluster_deletes(dag):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
@@ -29,6 +30,8 @@ from tests.e2e.conftest import (
     stop_airflow,
 )
 from tests.e2e.test_pipeline import check_results
+from ultracluster.params import SECTIONS, dag_params
+from ultracluster.profiles import load_profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -38,7 +41,8 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = REPO / "out" / "browser"
-SECTIONS = ["Cluster", "Training", "Data", "Network", "Advanced"]
+# Params per form section (the counts are the same in every profile).
+PARAMS_PER_SECTION = Counter(p.schema["section"] for p in dag_params(load_profile("local")).values())
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +83,7 @@ def open_trigger_dialog(page, api, shot: str):
         assert trigger.get_attribute("aria-expanded") == "true", section
         content = dialog.locator(f'[data-part="item-content"][id$=":content:{section}"]')
         content.locator("label").first.wait_for()
-        assert content.locator("label").count() >= 4, section  # its params are shown
+        assert content.locator("label").count() >= PARAMS_PER_SECTION[section], section  # its params are shown
         invalid = content.locator("[data-invalid]")
         assert invalid.count() == 0, (section, [invalid.nth(i).inner_text() for i in range(invalid.count())])
         if section == SECTIONS[0]:

@@ -175,13 +175,6 @@ def test_render_multi_queue(s3):
     assert queues["wide"]["ComputeResources"][0]["MinCount"] == 1
 
 
-def test_invalid_params_fail_before_anything_is_uploaded(s3):
-    params = dict(load_profile("production"), num_nodes=17)
-    with pytest.raises(ConfigValidationError, match="exceeds max_nodes"):
-        render_op(params).execute(make_context(params))
-    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
-
-
 def test_schema_violations_fail_before_anything_is_uploaded(s3):
     params = dict(load_profile("production"), fsx_storage_capacity_gib=1000)
     with pytest.raises(ConfigValidationError, match="StorageCapacity"):

@@ -227,7 +227,7 @@ def start_blocked_download(tmp_path, pid_file: str) -> subprocess.Popen:
                                stderr=subprocess.DEVNULL, text=True)
     process.stdin.write(command.stdin)
     process.stdin.close()
-    for _ in range(100):
+    for _ in range(600):  # up to 30 s: a loaded CI machine starts bash slowly
         if os.path.exists(pid_file) and open(pid_file).read().strip():
             break
         time.sleep(0.05)

@@ -10,14 +10,15 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from datetime import datetime
+
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
+from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError
 from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor
-from ultracluster.triggers import fleet as fleet_module
 from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, cluster_identity, evaluate_cluster
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
@@ -64,7 +65,7 @@ def first_contact(monkeypatch):
         calls.append((address, port))
         return HOST_KEY
 
-    monkeypatch.setattr(fleet_module, "afetch_host_key", fetch)
+    monkeypatch.setattr(HeadNodeHook, "afetch_host_key", staticmethod(fetch))
     return calls
 
 
@@ -149,7 +150,7 @@ def test_waits_for_sshd_and_slurm(monkeypatch):
     async def refuse(address, port, timeout=10):
         raise ConnectionRefusedError("refused")
 
-    monkeypatch.setattr(fleet_module, "afetch_host_key", refuse)
+    monkeypatch.setattr(HeadNodeHook, "afetch_host_key", staticmethod(refuse))
     verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle"))).check_once(FakePcluster(described("create_complete"))))
     assert verdict == WAIT and "sshd" in reason
     trigger = make_trigger(SinfoHeadNode(HeadNodeUnreachableError("reset")), host_key=HOST_KEY)
@@ -268,7 +269,9 @@ def test_sensor_complete_returns_head_node_and_keeps_key():
     store = DictStore()
     head = {"cluster_name": "uc-run1", "address": "127.100.1.1", "host_key": HOST_KEY, "partition": "compute1"}
     event = {"status": "success", "head_node": head, "message": "ok", "host_key": HOST_KEY, "host_key_cluster": "arn|t|i"}
-    assert sensor.execute_complete(ctx(store), event) == head
+    result = sensor.execute_complete(ctx(store), event)
+    assert datetime.fromisoformat(result.pop("ready_at")).tzinfo is not None  # idle fleet time starts here
+    assert result == head
     assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": "arn|t|i"}
     with pytest.raises(AirflowException, match="PROTECTED"):
         sensor.execute_complete(ctx(store), {"status": "failed", "message": "Compute fleet of x is PROTECTED"})

@@ -113,9 +113,7 @@ def head(sshd, host_key: str | None = None) -> dict:
 
 
 def test_async_first_contact_matches(sshd):
-    from ultracluster.triggers.fleet import afetch_host_key
-
-    assert asyncio.run(afetch_host_key("127.0.0.1", sshd.port)) == sshd.host_key
+    assert asyncio.run(HeadNodeHook.afetch_host_key("127.0.0.1", sshd.port)) == sshd.host_key
 
 
 def test_run_with_pinned_key(sshd, conn):
@@ -125,6 +123,35 @@ def test_run_with_pinned_key(sshd, conn):
     failing = hook.run(rc.sha256_of("/nonexistent/file"))
     assert failing.exit_status != 0 and "No such file" in failing.stderr
     hook.close()
+
+
+# 4 MiB on stderr, then 4 MiB on stdout: each is twice paramiko's 2 MiB channel window, so a reader
+# that drains one stream before the other stalls until its timeout.
+BIG = 4 << 20
+BIG_OUTPUT = rc.RemoteCommand(
+    shell=f"head -c {BIG} /dev/zero | tr '\\0' e >&2; head -c {BIG} /dev/zero | tr '\\0' o; exit 3",
+    description="4 MiB to stderr, then 4 MiB to stdout",
+)
+
+
+def test_run_reads_large_stdout_and_stderr_together(sshd, conn):
+    hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd))
+    started = time.monotonic()
+    result = hook.run(BIG_OUTPUT, timeout=20)
+    assert time.monotonic() - started < 20
+    assert result.exit_status == 3
+    assert result.stderr == "e" * BIG and result.stdout == "o" * BIG
+    assert hook.run(PROBE).stdout.startswith(EMPTY_SHA256)  # the connection is still usable
+    hook.close()
+
+
+def test_arun_reads_large_stdout_and_stderr_together(sshd, conn):
+    hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd))
+    started = time.monotonic()
+    result = asyncio.run(hook.arun(BIG_OUTPUT, timeout=20))
+    assert time.monotonic() - started < 20
+    assert result.exit_status == 3
+    assert result.stderr == "e" * BIG and result.stdout == "o" * BIG
 
 
 def test_wrong_host_key_is_refused_sync(sshd, conn, tmp_path):

@@ -17,10 +17,10 @@ from ultracluster.parsers.pcluster import (
     ClusterNotFoundError,
     ClusterValidationError,
     PclusterError,
+    cluster_status,
     failures,
     head_node_address,
     parse_cli_result,
-    stack_status,
     tags_dict,
 )
 
@@ -98,9 +98,9 @@ def test_description_helpers():
     assert head_node_address(complete) == "198.51.100.44"
     assert tags_dict(complete)["ultracluster:run-id"] == "manual__2026-11-30T08:00:00+00:00"
     assert failures(failed)[0]["failureCode"] == "OnNodeConfiguredExecutionFailure"
-    # create prints "cloudformationStackStatus", describe "cloudFormationStackStatus".
-    assert stack_status(created) == "CREATE_IN_PROGRESS"
-    assert stack_status(complete) == "CREATE_COMPLETE"
+    # create nests the cluster under "cluster", describe does not.
+    assert cluster_status(created) == "CREATE_IN_PROGRESS"
+    assert cluster_status(complete) == "CREATE_COMPLETE"
 
 
 # --- hook --------------------------------------------------------------------------------------

@@ -362,6 +362,7 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
             run_to_completion(delete_vpc(network, config["cluster_name"]), context)
 
         deleted = run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
+        assert deleted.pop("deleted_at") >= created["created_at"]  # the cluster's wall time, for the report
         assert deleted == {"cluster_name": config["cluster_name"], "deleted": True}
     finally:
         result = run_to_completion(delete_vpc(network, config and config["cluster_name"]), context)

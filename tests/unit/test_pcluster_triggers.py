@@ -1,4 +1,4 @@
-"""ClusterStatusTrigger (recorded pcluster outputs) and CloudFormationStackTrigger (in-process moto)."""
+"""ClusterStatusTrigger (recorded pcluster outputs) and CloudFormationStackTrigger (moto server, aiobotocore)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,9 @@ import json
 import pytest
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
-from ultracluster.triggers.pcluster import ClusterStatusTrigger, CloudFormationStackTrigger
+from tests.fixtures_localcluster import free_port, install_moto_stack_deletes
+from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
+from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
 CONN_ID = "pcluster_unit"
 RUN_ID = "manual__2026-11-30T08:00:00+00:00"  # the run id tagged in the fixtures
@@ -158,15 +160,27 @@ def test_on_kill_of_a_delete_wait_does_nothing(fake):
 
 @pytest.fixture
 def aws(monkeypatch):
-    from moto import mock_aws
+    """moto's server in this process: the trigger's aiobotocore client talks HTTP to it."""
+    from moto.server import ThreadedMotoServer
 
+    install_moto_stack_deletes()
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_AWS_UNIT", json.dumps({"conn_type": "aws", "extra": {"region_name": "us-east-1"}}))
-    with mock_aws():
-        yield
+    try:
+        import boto3
+
+        yield boto3.client("cloudformation", region_name="us-east-1", endpoint_url=endpoint)
+    finally:
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
+        server.stop()
 
 
 SMALL_TEMPLATE = json.dumps({
@@ -182,52 +196,54 @@ def stack_trigger(waiter: str, **overrides) -> CloudFormationStackTrigger:
     return CloudFormationStackTrigger(**kwargs)
 
 
+def stack_status(cfn, name: str) -> str:
+    stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == name][0]
+    return cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"]
+
+
 def test_stack_trigger_serialize_round_trip():
-    rebuilt = round_trip(stack_trigger("stack_create_complete", owner_run_id=RUN_ID, delete_on_kill=True))
-    assert (rebuilt.owner_run_id, rebuilt.delete_on_kill) == (RUN_ID, True)
+    rebuilt = round_trip(stack_trigger("stack_create_complete", owner_run_id=RUN_ID, delete_on_kill=True,
+                                       botocore_config={"retries": {"max_attempts": 3}}))
+    assert (rebuilt.owner_run_id, rebuilt.delete_on_kill, rebuilt.botocore_config) == (
+        RUN_ID, True, {"retries": {"max_attempts": 3}})
+
+
+def test_stack_trigger_refuses_an_unknown_waiter():
+    with pytest.raises(ValueError, match="waiter_name must be one of"):
+        stack_trigger("stack_exists")
 
 
 def test_stack_on_kill_deletes_only_this_runs_stack(aws):
-    import boto3
-
-    cfn = boto3.client("cloudformation", region_name="us-east-1")
-    cfn.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE,
+    aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE,
                      Tags=[{"Key": "ultracluster:run-id", "Value": "manual__other"}])
     asyncio.run(stack_trigger("stack_create_complete", owner_run_id=RUN_ID, delete_on_kill=True).on_kill())
-    assert cfn.describe_stacks(StackName="uc-vpc-test")["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+    assert stack_status(aws, "uc-vpc-test") == "CREATE_COMPLETE"
 
-    cfn.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
+    aws.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
                      Tags=[{"Key": "ultracluster:run-id", "Value": RUN_ID}])
     asyncio.run(stack_trigger("stack_create_complete", stack_name="uc-vpc-mine", owner_run_id=RUN_ID,
                               delete_on_kill=True).on_kill())
-    stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == "uc-vpc-mine"][0]
-    assert cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
+    assert stack_status(aws, "uc-vpc-mine") == "DELETE_COMPLETE"
 
 
 def test_stack_on_kill_while_still_deferred_deletes_nothing(aws, task_state):
-    import boto3
-
-    cfn = boto3.client("cloudformation", region_name="us-east-1")
-    cfn.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
+    aws.create_stack(StackName="uc-vpc-mine", TemplateBody=SMALL_TEMPLATE,
                      Tags=[{"Key": "ultracluster:run-id", "Value": RUN_ID}])
     trigger = stack_trigger("stack_create_complete", stack_name="uc-vpc-mine", owner_run_id=RUN_ID,
                             delete_on_kill=True)
     trigger.task_instance = task_state["ti"]
     asyncio.run(trigger.on_kill())
-    assert cfn.describe_stacks(StackName="uc-vpc-mine")["Stacks"][0]["StackStatus"] == "CREATE_COMPLETE"
+    assert stack_status(aws, "uc-vpc-mine") == "CREATE_COMPLETE"
 
     task_state["value"] = "success"  # the user marked it success: a real kill
     asyncio.run(trigger.on_kill())
-    stack_id = [s["StackId"] for s in cfn.list_stacks()["StackSummaries"] if s["StackName"] == "uc-vpc-mine"][0]
-    assert cfn.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"] == "DELETE_COMPLETE"
+    assert stack_status(aws, "uc-vpc-mine") == "DELETE_COMPLETE"
 
 
 def test_stack_create_wait_succeeds(aws):
-    import boto3
-
-    boto3.client("cloudformation", region_name="us-east-1").create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
+    aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
     [event] = asyncio.run(collect(round_trip(stack_trigger("stack_create_complete"))))
-    assert event["status"] == "success" and event["stack_name"] == "uc-vpc-test"
+    assert event == {"status": "success", "stack_name": "uc-vpc-test", "message": ""}
 
 
 def test_stack_delete_wait_counts_missing_stack_as_success(aws):
@@ -237,5 +253,19 @@ def test_stack_delete_wait_counts_missing_stack_as_success(aws):
 
 def test_stack_create_wait_on_missing_stack_is_a_terminal_failure(aws):
     [event] = asyncio.run(collect(stack_trigger("stack_create_complete", waiter_max_attempts=10)))
-    assert event["status"] == "failure" and event["stack_name"] == "uc-vpc-test"
-    assert "terminal failure" in event["message"]
+    assert event["status"] == "error" and event["stack_name"] == "uc-vpc-test"
+    assert "Stack creation failed: uc-vpc-test" in event["message"]
+
+
+@pytest.mark.parametrize("waiter, status, attempts, message", [
+    ("stack_delete_complete", "DELETE_FAILED", 10, "Stack deletion failed: uc-vpc-test"),  # a terminal state
+    ("stack_create_complete", "CREATE_IN_PROGRESS", 2, "max attempts reached"),  # out of attempts
+])
+def test_stack_wait_ends_in_an_error_event(aws, waiter, status, attempts, message):
+    from moto.cloudformation.models import cloudformation_backends
+
+    aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
+    [stack] = cloudformation_backends["123456789012"]["us-east-1"].stacks.values()
+    stack.status = status
+    [event] = asyncio.run(collect(stack_trigger(waiter, waiter_max_attempts=attempts)))
+    assert event["status"] == "error" and message in event["message"]

@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import re
 import shlex
 from pathlib import Path
 from types import SimpleNamespace
+
+from datetime import datetime, timezone
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
@@ -182,6 +185,17 @@ def test_extra_job_env_adds_knobs_but_never_overrides_the_contract(training_dir)
     assert "SCALING_MODE=strong" in words and "SCALING_MODE=weak" not in words
 
 
+def test_natively_rendered_values_go_to_the_job_as_json(training_dir):
+    """render_template_as_native_obj turns '{{ plan(ti).sweep_point }}' into a dict (or None)."""
+    replay = ReplayHeadNode(squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[recorded("sbatch_mix")])
+    point = {"id": "s1", "index": 1, "num_nodes": 2}
+    op = operator(replay, training_dir, extra_job_env={"SWEEP_POINT": point, "NOTHING": None})
+    with pytest.raises(TaskDeferred):
+        op.execute(context(DictStore()))
+    words = argv(replay.calls[-1])
+    assert f"SWEEP_POINT={json.dumps(point, sort_keys=True)}" in words and "NOTHING=" in words
+
+
 def test_reattaches_by_name_without_submitting(training_dir):
     name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     replay = ReplayHeadNode(squeue=[CommandResult(0, squeue_line("40", name, "FAILED").stdout + squeue_line("41", name, "RUNNING").stdout, "")])
@@ -339,8 +353,12 @@ def test_every_failure_state_fails_the_task(training_dir, state):
 
 def test_success_result_shape(training_dir):
     op = operator(ReplayHeadNode(), training_dir)
-    result = op.execute_complete(context(), {"status": "success", "job_id": "7", "state": "COMPLETED", "exit_code": 0,
-                                             "results_path": "/fsx/jobs/run1/train/output_7/results.json", "log_offset": 5})
+    ctx = context()
+    ctx["ti"].start_date = datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)  # kept across the deferral
+    result = op.execute_complete(ctx, {"status": "success", "job_id": "7", "state": "COMPLETED", "exit_code": 0,
+                                       "results_path": "/fsx/jobs/run1/train/output_7/results.json", "log_offset": 5})
+    assert result.pop("started_at") == "2026-11-30T08:05:00+00:00"
+    assert datetime.fromisoformat(result.pop("ended_at")) > datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)
     assert result == {
         "job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": "/fsx/jobs/run1/train/output_7",
         "log_path": "/fsx/jobs/run1/train/slurm-7.out", "results_path": "/fsx/jobs/run1/train/output_7/results.json",

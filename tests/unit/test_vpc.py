@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
-from ultracluster.operators.config import ConfigValidationError
+from tests.fixtures_localcluster import install_moto_stack_deletes
 from ultracluster.operators.vpc import RUN_ID_TAG, CreateVpcStackOperator, DeleteVpcStackOperator
 
 REGION = "us-east-1"
@@ -43,6 +43,7 @@ def aws(monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": REGION}}))
+    install_moto_stack_deletes()  # the stand-in's AWS: moto with the stack deletes it lacks
     with mock_aws():
         import boto3
 
@@ -103,13 +104,6 @@ def test_unknown_az_id_fails_before_anything_is_created(aws):
     assert live_stacks(aws.cfn) == []
 
 
-def test_cross_field_rules_fail_before_anything_is_created(aws):
-    bad = dict(GOOD_PARAMS, num_nodes=4, max_nodes=2)
-    with pytest.raises(ConfigValidationError, match=r"num_nodes \(4\) exceeds max_nodes \(2\)"):
-        create_op().execute(make_context(params=bad))
-    assert live_stacks(aws.cfn) == []
-
-
 def test_existing_network_is_reused_and_never_deleted(aws):
     vpc_id = aws.ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
     public = aws.ec2.create_subnet(VpcId=vpc_id, CidrBlock="10.9.0.0/24", AvailabilityZone="us-east-1b")["Subnet"]["SubnetId"]
@@ -134,17 +128,14 @@ def test_existing_subnets_must_share_one_az(aws):
         create_op(existing_network={"public_subnet_id": public, "private_subnet_id": private}).execute(make_context())
 
 
-def test_delete_repairs_moto_dependency_violation(aws):
+def test_delete_removes_the_whole_network(aws):
     network = create_op().execute(make_context())
-    eips_before = aws.ec2.describe_addresses()["Addresses"]
-    assert eips_before
+    assert aws.ec2.describe_addresses()["Addresses"]
 
     result = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION).execute(make_context())
 
     assert result == {"deleted": True, "stack_name": "uc-vpc-test"}
-    assert live_stacks(aws.cfn) == []
-    assert network["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
-    assert aws.ec2.describe_addresses()["Addresses"] == []
+    assert resources_gone(aws, network)
 
 
 def test_delete_of_a_gone_stack_succeeds(aws):
@@ -153,29 +144,64 @@ def test_delete_of_a_gone_stack_succeeds(aws):
     assert result["deleted"] is True
 
 
-def test_failed_delete_event_repairs_and_retries(aws):
-    """The deferred path: the trigger reported DELETE_FAILED; the task repairs and deletes again."""
-    network = create_op().execute(make_context())
-    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION)
-    result = op.execute_complete(make_context(), {"status": "failure", "stack_name": "uc-vpc-test",
-                                                  "message": "DELETE_FAILED"}, repair_round=0)
-    assert result["deleted"] is True
-    assert live_stacks(aws.cfn) == []
+def set_moto_stack_status(name: str, status: str) -> None:
+    """moto creates and deletes synchronously; AWS's slower states are set directly in its state."""
+    from moto.cloudformation.models import cloudformation_backends
+
+    backend = cloudformation_backends["123456789012"][REGION]
+    [stack] = [s for s in backend.stacks.values() if s.name == name and s.status != "DELETE_COMPLETE"]
+    stack.status = status
 
 
-def test_failed_delete_after_last_round_reports_leftovers(aws):
+def resources_gone(aws, network) -> bool:
+    return (network["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
+            and aws.ec2.describe_addresses()["Addresses"] == [] and live_stacks(aws.cfn) == [])
+
+
+def test_a_slow_delete_waits_in_the_triggerer_and_a_delete_failed_is_retried_after_a_pause(aws):
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+    from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
+
     network = create_op().execute(make_context())
-    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, max_repair_rounds=1)
-    with pytest.raises(RuntimeError, match=r"not deleted after 1 repair rounds; left: .*AWS::EC2::VPC"):
-        op.execute_complete(make_context(), {"status": "failure", "stack_name": "uc-vpc-test",
-                                             "message": "DELETE_FAILED"}, repair_round=1)
+    set_moto_stack_status("uc-vpc-test", "DELETE_IN_PROGRESS")  # AWS takes minutes
+    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, delete_retry_delay=7)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, CloudFormationStackTrigger)
+    assert (trigger.stack_name, trigger.waiter_name) == ("uc-vpc-test", "stack_delete_complete")
+    assert (deferred.value.method_name, deferred.value.kwargs) == (
+        "delete_complete", {"stack_name": "uc-vpc-test", "attempt": 1})
+
+    # The wait ended in DELETE_FAILED (e.g. a subnet still holding a terminated node's interface).
+    set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
+    with pytest.raises(TaskDeferred) as paused:
+        op.delete_complete(make_context(), {"status": "error", "message": "Stack deletion failed"},
+                           **deferred.value.kwargs)
+    assert isinstance(paused.value.trigger, TimeDeltaTrigger)
+    assert paused.value.trigger.moment is not None
+    assert (paused.value.method_name, paused.value.kwargs) == (
+        "delete_again", {"stack_name": "uc-vpc-test", "attempt": 2})
+
+    result = op.delete_again(make_context(), None, **paused.value.kwargs)
+    assert result == {"deleted": True, "stack_name": "uc-vpc-test"}
+    assert resources_gone(aws, network)
+
+
+def test_a_delete_that_keeps_failing_reports_the_failed_resources(aws):
+    network = create_op().execute(make_context())
+    set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
+    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, max_delete_attempts=2)
+    with pytest.raises(RuntimeError, match=r"uc-vpc-test not deleted after 2 attempts: Stack deletion failed"):
+        op.delete_complete(make_context(), {"status": "error", "message": "Stack deletion failed"},
+                           stack_name="uc-vpc-test", attempt=2)
+    assert [s["StackName"] for s in live_stacks(aws.cfn)] == ["uc-vpc-test"]  # kept, and said so
 
 
 def test_stack_still_creating_defers_to_the_trigger(aws, tmp_path):
     """moto leaves a stack with a bad reference in CREATE_IN_PROGRESS: a retry must wait, not create."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    from ultracluster.triggers.pcluster import CloudFormationStackTrigger
+    from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 
     broken = tmp_path / "broken.yaml"
     broken.write_text(
@@ -194,45 +220,19 @@ def test_stack_still_creating_defers_to_the_trigger(aws, tmp_path):
     trigger = deferred.value.trigger
     assert isinstance(trigger, CloudFormationStackTrigger)
     assert (trigger.stack_name, trigger.waiter_name) == ("uc-vpc-test", "stack_create_complete")
+    assert (trigger.owner_run_id, trigger.delete_on_kill) == (RUN_ID, True)
     assert deferred.value.method_name == "execute_complete"
 
 
 def test_failed_create_event_cleans_up_and_fails(aws):
-    create_op().execute(make_context())
+    network = create_op().execute(make_context())
     with pytest.raises(RuntimeError, match="Creating stack uc-vpc-test failed: boom. Clean-up deleted the stack"):
-        create_op().execute_complete(make_context(), {"status": "failure", "message": "boom"})
-    assert live_stacks(aws.cfn) == []
-
-
-# --- failure paths: deferred delete-and-repair rounds, never a wait in the worker -------------------
-
-@pytest.fixture
-def no_worker_waits(monkeypatch):
-    """Any botocore waiter (stack delete, NAT gateway deleted) run in the task process fails the test."""
-    from botocore.waiter import Waiter
-
-    def refuse(self, **kwargs):
-        raise AssertionError(f"worker-blocking wait {self.name}")
-
-    monkeypatch.setattr(Waiter, "wait", refuse)
-
-
-def set_moto_stack_status(name: str, status: str) -> None:
-    """moto creates and deletes synchronously; a failed earlier try is set directly in its state."""
-    from moto.cloudformation.models import cloudformation_backends
-
-    backend = cloudformation_backends["123456789012"][REGION]
-    [stack] = [s for s in backend.stacks.values() if s.name == name and s.status != "DELETE_COMPLETE"]
-    stack.status = status
-
-
-def resources_gone(aws, network) -> bool:
-    return (network["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
-            and aws.ec2.describe_addresses()["Addresses"] == [] and live_stacks(aws.cfn) == [])
+        create_op().execute_complete(make_context(), {"status": "error", "message": "boom"})
+    assert resources_gone(aws, network)
 
 
 @pytest.mark.parametrize("status", ["ROLLBACK_COMPLETE", "CREATE_FAILED"])
-def test_a_failed_earlier_stack_is_deleted_with_repair_then_fails(aws, no_worker_waits, status):
+def test_a_failed_earlier_stack_is_deleted_then_fails(aws, status):
     network = create_op().execute(make_context())
     set_moto_stack_status("uc-vpc-test", status)
     with pytest.raises(RuntimeError, match=rf"failed earlier \({status}\)\. Clean-up deleted the stack"):
@@ -240,49 +240,13 @@ def test_a_failed_earlier_stack_is_deleted_with_repair_then_fails(aws, no_worker
     assert resources_gone(aws, network)
 
 
-def test_a_delete_failed_stack_is_repaired_then_created_again(aws, no_worker_waits):
+def test_a_delete_failed_stack_is_deleted_then_created_again(aws):
     old = create_op().execute(make_context())
     set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
     new = create_op().execute(make_context())
     assert new["owned"] is True and new["vpc_id"] != old["vpc_id"]
     assert old["vpc_id"] not in {v["VpcId"] for v in aws.ec2.describe_vpcs()["Vpcs"]}
     assert [s["StackStatus"] for s in live_stacks(aws.cfn)] == ["CREATE_COMPLETE"]
-
-
-def test_failed_create_clean_up_does_not_wait_in_the_worker(aws, no_worker_waits):
-    network = create_op().execute(make_context())
-    with pytest.raises(RuntimeError, match="Creating stack uc-vpc-test failed: boom. Clean-up deleted the stack"):
-        create_op().execute_complete(make_context(), {"status": "failure", "message": "boom"})
-    assert resources_gone(aws, network)
-
-
-def test_non_deferrable_delete_refuses_to_wait_in_the_worker(aws, monkeypatch):
-    import ultracluster.operators.vpc as vpc_module
-
-    network = create_op().execute(make_context())
-    monkeypatch.setattr(vpc_module, "start_stack_delete", lambda *args: False)  # as if AWS were still deleting
-    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, deferrable=False)
-    with pytest.raises(RuntimeError, match="run it with deferrable=True"):
-        op.execute(make_context())
-
-
-def test_a_slow_delete_defers_to_the_stack_trigger(aws, monkeypatch):
-    import ultracluster.operators.vpc as vpc_module
-    from ultracluster.triggers.pcluster import CloudFormationStackTrigger
-
-    network = create_op().execute(make_context())
-    op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION)
-    with monkeypatch.context() as patch, pytest.raises(TaskDeferred) as deferred:
-        patch.setattr(vpc_module, "start_stack_delete", lambda *args: False)  # as if AWS were still deleting
-        op.execute(make_context())
-    assert isinstance(deferred.value.trigger, CloudFormationStackTrigger)
-    assert (deferred.value.method_name, deferred.value.kwargs) == (
-        "delete_round_complete", {"stack_name": "uc-vpc-test", "repair_round": 0})
-    # The trigger reported DELETE_FAILED: the resume repairs and deletes in the next round.
-    result = op.delete_round_complete(make_context(), {"status": "failure", "stack_name": "uc-vpc-test",
-                                                       "message": "DELETE_FAILED"}, **deferred.value.kwargs)
-    assert result == {"deleted": True, "stack_name": "uc-vpc-test"}
-    assert resources_gone(aws, network)
 
 
 # --- delete_vpc checks the run's cluster is gone first ---------------------------------------------

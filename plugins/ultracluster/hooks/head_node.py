@@ -1,7 +1,7 @@
 """SSH to a cluster's head node with its host key pinned.
 
 The SSH connection (``ultracluster_head_node``) supplies user, private key and port; the address
-comes from describe-cluster and the host key from first contact (``triggers.fleet.afetch_host_key``,
+comes from describe-cluster and the host key from first contact (``HeadNodeHook.afetch_host_key``,
 in wait_for_fleet). Every later connection in the run expects exactly that key and fails on any
 other: the connection's own ``no_host_key_check``/``host_key`` extras and known_hosts files are
 overridden, never trusted.
@@ -34,6 +34,7 @@ DEFAULT_SSH_CONN_ID = "ultracluster_head_node"
 # asyncssh logs every session and command at INFO ("[conn=0, chan=12] Command: scontrol ..."): one
 # line per poll buries the job's progress in the task log. Warnings and errors still show.
 _CHATTY_SSH_LOGGERS = ("asyncssh", "paramiko")
+_READ_CHUNK = 1 << 20
 
 
 class HostKeyMismatchError(Exception):
@@ -68,6 +69,32 @@ def _validate_head_node(head_node: Mapping[str, Any] | None) -> dict[str, Any]:
     if len(key_parts) < 2:
         raise ValueError("head_node host_key must look like 'ssh-ed25519 AAAA...'")
     return dict(head_node)
+
+
+def _collect(channel: paramiko.Channel, idle_timeout: float) -> tuple[int, bytes, bytes]:
+    """(exit status, stdout, stderr): both streams read together to EOF, as providers-ssh's
+    ``exec_ssh_client_command`` does. They share the channel's flow-control window: a command filling
+    one while only the other is read would stall. TimeoutError after ``idle_timeout`` s without output."""
+    import selectors
+
+    out, err = bytearray(), bytearray()
+
+    def drain() -> None:
+        while channel.recv_ready():
+            out.extend(channel.recv(_READ_CHUNK))
+        while channel.recv_stderr_ready():
+            err.extend(channel.recv_stderr(_READ_CHUNK))
+
+    with selectors.DefaultSelector() as selector:
+        selector.register(channel, selectors.EVENT_READ)  # paramiko signals data on either stream
+        while not (channel.eof_received or channel.closed):
+            if not selector.select(idle_timeout):
+                raise TimeoutError(f"no output for {idle_timeout:g}s")
+            drain()
+    drain()  # what arrived between the last drain and the EOF
+    if not channel.status_event.wait(idle_timeout):
+        raise TimeoutError(f"no exit status {idle_timeout:g}s after EOF")
+    return channel.recv_exit_status(), bytes(out), bytes(err)
 
 
 def _pinned_sync_hook_class():
@@ -264,9 +291,7 @@ class HeadNodeHook(BaseHook):
             if command.stdin is not None:
                 stdin.write(command.stdin)
             stdin.channel.shutdown_write()
-            out = stdout.read()
-            err = stderr.read()
-            exit_status = stdout.channel.recv_exit_status()
+            exit_status, out, err = _collect(stdout.channel, timeout or self.command_timeout)
         except (OSError, paramiko.SSHException, EOFError) as error:
             self.close()
             raise HeadNodeUnreachableError(f"Lost head node {self.address} running {command}: {error}") from error
@@ -304,6 +329,19 @@ class HeadNodeHook(BaseHook):
         self.check(remote_commands.kill_process_group(pid_file))
 
     # ------------------------------------------------------------------------------ async
+
+    @staticmethod
+    async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
+        """First contact over asyncssh: the head node's host key as ``"<type> <base64>"`` (the pin)."""
+        import asyncssh
+
+        algorithms = ["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"]  # preferred first
+        fetch = asyncssh.get_server_host_key(address, port, server_host_key_algs=algorithms)
+        key = await asyncio.wait_for(fetch, timeout)
+        if key is None:
+            raise OSError(f"{address}:{port} offered no host key")
+        key_type, key_data = key.export_public_key("openssh").decode().split()[:2]
+        return f"{key_type} {key_data}"
 
     def get_async_hook(self):
         """providers-ssh SSHHookAsync for this head node, expecting exactly the pinned key."""

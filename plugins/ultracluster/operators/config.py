@@ -224,7 +224,6 @@ class RenderClusterConfigOperator(BaseOperator):
         schema_path: str | None = None,
         on_node_configured_path: str | None = None,
         aws_conn_id: str | None = "aws_default",
-        pipeline_checks: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -248,7 +247,6 @@ class RenderClusterConfigOperator(BaseOperator):
         self.schema_path = schema_path
         self.on_node_configured_path = on_node_configured_path
         self.aws_conn_id = aws_conn_id
-        self.pipeline_checks = pipeline_checks
 
     def build_context(self, context: Context, on_node_configured_s3_uri: str) -> dict[str, Any]:
         buckets = {}
@@ -276,8 +274,6 @@ class RenderClusterConfigOperator(BaseOperator):
         }
 
     def execute(self, context: Context) -> dict:
-        if self.pipeline_checks:
-            validate_pipeline_params(dict(context["params"]))
         bucket, run_prefix = run_artifacts_location(self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"])
         script_key = f"{run_prefix}/on_node_configured.sh"
         config_key = f"{run_prefix}/cluster-config.yaml"

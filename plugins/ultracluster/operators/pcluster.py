@@ -13,7 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from ultracluster.clock import utc_now
 from ultracluster.links import ParallelClusterStackLink
+from ultracluster.parsers.pcluster import (
+    CREATE_COMPLETE,
+    CREATE_FAILED,
+    CREATE_IN_PROGRESS,
+    DELETE_IN_PROGRESS,
+    UPDATE_COMPLETE,
+    public_description,
+)
 from ultracluster.tags import RUN_ID_TAG, cluster_owner
 
 if TYPE_CHECKING:
@@ -79,7 +88,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         aws_conn_id: str | None = "aws_default",
         rollback_on_failure: bool = False,
         suppress_validators: list[str] | None = None,
-        deferrable: bool = True,
         poll_interval: float = 30,
         max_attempts: int = 240,
         **kwargs: Any,
@@ -91,7 +99,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.rollback_on_failure = rollback_on_failure
         self.suppress_validators = suppress_validators
-        self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.max_attempts = max_attempts
 
@@ -167,20 +174,18 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
             stack_name=description.get("cloudformationStackArn") or self.cluster_name,
         )
-        if status in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+        if status in (CREATE_COMPLETE, UPDATE_COMPLETE):
             return self._result(description)
-        if status == "CREATE_IN_PROGRESS":
-            if not self.deferrable:
-                raise RuntimeError("CreateClusterOperator waits with a trigger; run it with deferrable=True")
+        if status == CREATE_IN_PROGRESS:
             self.defer(
                 trigger=self._status_trigger(
                     "ClusterCreateComplete", owner_run_id=context["run_id"], delete_on_kill=True
                 ),
                 method_name="execute_complete",
             )
-        if status == "CREATE_FAILED":
+        if status == CREATE_FAILED:
             self._fail_and_delete(hook, description, "cluster creation failed")
-        if status == "DELETE_IN_PROGRESS":
+        if status == DELETE_IN_PROGRESS:
             # A killed earlier try deleted its cluster (ClusterStatusTrigger.on_kill): wait, then create.
             self.log.info("Cluster %s of this run is being deleted: waiting to create it again", self.cluster_name)
             self.defer(trigger=self._status_trigger("ClusterDeleteComplete"), method_name="create_after_delete")
@@ -213,13 +218,11 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
         summary = "; ".join(f"{f.get('failureCode')}: {f.get('failureReason')}" for f in found)
         message = f"Cluster {self.cluster_name}: {reason}. {summary}".strip()
-        if description.get("clusterStatus") != "DELETE_IN_PROGRESS":
+        if description.get("clusterStatus") != DELETE_IN_PROGRESS:
             try:
                 hook.delete_cluster(self.cluster_name)
             except ClusterNotFoundError:
                 raise RuntimeError(f"{message} (it is already gone)") from None
-        if not self.deferrable:
-            raise RuntimeError(f"{message} (its deletion was started, not waited for: deferrable=False)")
         self.log.info("Deleting cluster %s; the task fails once it is gone", self.cluster_name)
         self.defer(
             trigger=self._status_trigger("ClusterDeleteComplete"),
@@ -238,8 +241,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         )
 
     def _result(self, description: dict) -> dict:
-        from ultracluster.triggers.pcluster import public_description
-
         public = public_description(description)
         self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
         return {
@@ -249,6 +250,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             "cloudformation_stack_arn": public.get("cloudformationStackArn"),
             "head_node": public.get("headNode") or {},
             "config_s3_uri": self.cluster_config.get("config_s3_uri"),
+            "created_at": description.get("creationTime"),
         }
 
     def on_kill(self) -> None:
@@ -274,7 +276,6 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         cluster_name: str,
         pcluster_conn_id: str = "pcluster_default",
         region_name: str | None = None,
-        deferrable: bool = True,
         poll_interval: float = 30,
         max_attempts: int = 120,
         max_delete_attempts: int = 3,
@@ -284,7 +285,6 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         self.cluster_name = cluster_name
         self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
-        self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.max_attempts = max_attempts
         self.max_delete_attempts = max_delete_attempts
@@ -318,14 +318,12 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
             region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
             stack_name=description.get("cloudformationStackArn") or self.cluster_name,
         )
-        if description.get("clusterStatus") != "DELETE_IN_PROGRESS":
+        if description.get("clusterStatus") != DELETE_IN_PROGRESS:
             try:
                 hook.delete_cluster(self.cluster_name)
             except ClusterNotFoundError:
                 return {"cluster_name": self.cluster_name, "deleted": True}
             self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
-        if not self.deferrable:
-            raise RuntimeError("DeleteClusterOperator waits with a trigger; run it with deferrable=True")
         self.defer(
             trigger=self._status_trigger("ClusterDeleteComplete"),
             method_name="execute_complete",
@@ -336,7 +334,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
         if event.get("status") == "success":
             self.log.info("Cluster %s deleted", self.cluster_name)
-            return {"cluster_name": self.cluster_name, "deleted": True}
+            return {"cluster_name": self.cluster_name, "deleted": True, "deleted_at": utc_now()}
         self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
         for failure in event.get("failures") or []:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))

@@ -94,6 +94,14 @@ def extract_metrics(
         global_batch = world_size * batch * accumulation
     nodes = num_nodes or _int(_param(parameters, "Nodes", "Number of nodes", "Num nodes"))
     mode = scaling_mode or _param(parameters, "Scaling mode", "Scaling")
+    total_steps = _int(_param(parameters, "Total steps"))
+    start, end = _int(_param(parameters, "Start step")), _int(_param(parameters, "End step"))
+    steps = end - start if None not in (start, end) else None
+    # A bounded run (a sweep point: steps_this_run < max_steps) measures throughput; the full run's
+    # time to train is then extrapolated from it, and marked so.
+    extrapolated = bool(steps and total_steps and (start or end < total_steps))
+    if extrapolated and average and global_batch:
+        time_to_train = total_steps * global_batch / average / 60.0
     return {
         "final_loss": final_loss,
         "average_throughput_seq_per_s": average,
@@ -103,7 +111,10 @@ def extract_metrics(
         "world_size": world_size,
         "global_batch": global_batch,
         "scaling_mode": mode,
-        "total_steps": _int(_param(parameters, "Total steps")),
+        "total_steps": total_steps,
+        "steps": steps,
+        "time_to_train_extrapolated": extrapolated,
+        "sweep": parameters.get("Sweep"),
     }
 
 
@@ -113,6 +124,7 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
         "average_throughput_seq_per_s": "Average throughput (seq/s)",
         "peak_throughput_seq_per_s": "Peak throughput (seq/s)",
         "time_to_train_min": "Time to train (min)",
+        "time_to_train_extrapolated": "Time to train extrapolated",
         "nodes": "Nodes",
         "world_size": "World size",
         "global_batch": "Global batch",

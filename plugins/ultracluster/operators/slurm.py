@@ -10,6 +10,7 @@ failed earlier job (or none) leads to a new submission.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from ultracluster import remote_commands
+from ultracluster.clock import iso as _iso
+from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 
 if TYPE_CHECKING:
@@ -38,6 +41,16 @@ def _newest(jobs: Sequence[Any]) -> Any | None:
         return int(head) if head.isdigit() else -1
 
     return max(jobs, key=job_number, default=None)
+
+
+def _env_value(value: Any) -> str:
+    """A job variable as a string. Native rendering turns a template's JSON back into a dict or
+    list (or None): those go out as JSON, None as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 class SlurmJobOperator(BaseOperator):
@@ -158,7 +171,7 @@ class SlurmJobOperator(BaseOperator):
             raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
         # The contract's variables win: extra_job_env only adds knobs.
         merged = {**self.extra_job_env, **self.job_env}
-        self.job_env = {str(k): str(v) for k, v in merged.items()}
+        self.job_env = {str(k): _env_value(v) for k, v in merged.items()}
         self.job_env.setdefault("OUTPUT_ROOT", self.job_dir)
         # Building the command validates env names and values without running anything.
         self._sbatch_args("validate", "validate")
@@ -322,6 +335,9 @@ class SlurmJobOperator(BaseOperator):
             "output_dir": output_dir,
             "log_path": log_path,
             "results_path": event.get("results_path") or posixpath.join(output_dir, "results.json"),
+            # The task's span, submission to end seen (the scaling report's idle fleet time).
+            "started_at": _iso(getattr(context.get("ti"), "start_date", None)),
+            "ended_at": utc_now(),
         }
         self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], output_dir)
         return result

@@ -17,6 +17,18 @@ CREATE_FAILED = "CREATE_FAILED"
 DELETE_IN_PROGRESS = "DELETE_IN_PROGRESS"
 DELETE_FAILED = "DELETE_FAILED"
 DELETE_COMPLETE = "DELETE_COMPLETE"
+UPDATE_IN_PROGRESS = "UPDATE_IN_PROGRESS"
+UPDATE_COMPLETE = "UPDATE_COMPLETE"
+UPDATE_FAILED = "UPDATE_FAILED"
+# CloudFormation stack states beyond those (the VPC stack is created with OnFailure=DO_NOTHING).
+STACK_IN_PROGRESS = (CREATE_IN_PROGRESS, UPDATE_IN_PROGRESS, "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS")
+STACK_CREATE_FAILED = (CREATE_FAILED, "ROLLBACK_IN_PROGRESS", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED")
+
+# Keys of describe-cluster kept in events and XCom: clusterConfiguration.url is a presigned S3 URL.
+_DESCRIPTION_KEYS = (
+    "clusterName", "clusterStatus", "cloudFormationStackStatus", "cloudformationStackArn", "region",
+    "version", "computeFleetStatus", "headNode", "tags", "failures", "scheduler",
+)
 
 # pcluster's wording when a cluster is gone (or never existed).
 _NOT_FOUND = re.compile(r"does not exist", re.IGNORECASE)
@@ -129,15 +141,14 @@ def cluster_status(description: dict) -> str:
     return str(cluster.get("clusterStatus") or "")
 
 
-def stack_status(description: dict) -> str:
-    """CloudFormation status; describe-cluster spells it cloudFormation..., create/delete cloudformation..."""
-    cluster = description.get("cluster", description)
-    return str(cluster.get("cloudFormationStackStatus") or cluster.get("cloudformationStackStatus") or "")
-
-
 def stack_arn(description: dict) -> str | None:
     cluster = description.get("cluster", description)
     return cluster.get("cloudformationStackArn")
+
+
+def public_description(description: dict) -> dict:
+    """describe-cluster output minus anything secret, safe for events, logs and XCom."""
+    return {k: description[k] for k in _DESCRIPTION_KEYS if k in description}
 
 
 def tags_dict(description: dict) -> dict[str, str]:

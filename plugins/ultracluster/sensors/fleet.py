@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
+from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ class ComputeFleetSensor(BaseSensorOperator):
         if verdict == FAIL:
             raise AirflowException(reason)
         self.log.info("%s", reason)
+        if verdict == READY:
+            head_node = {**head_node, "ready_at": utc_now()}
         return PokeReturnValue(is_done=verdict == READY, xcom_value=head_node)
 
     def _remember_host_key(self, context: Context, host_key: str | None, cluster: str | None) -> None:
@@ -137,7 +140,7 @@ class ComputeFleetSensor(BaseSensorOperator):
         if event.get("status") != "success":
             self._remember_host_key(context, event.get("host_key"), event.get("host_key_cluster"))
             raise AirflowException(event.get("message") or f"wait_for_fleet failed: {event}")
-        head_node = event["head_node"]
+        head_node = {**event["head_node"], "ready_at": utc_now()}  # idle fleet time starts here
         self._remember_host_key(context, head_node.get("host_key"), event.get("host_key_cluster"))
         self.log.info(
             "Cluster %s ready: head node %s, partition %s. %s",

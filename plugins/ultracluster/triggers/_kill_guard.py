@@ -34,3 +34,15 @@ async def task_is_still_deferred(task_instance: Any) -> bool:
     key = task_instance.task_id if map_index < 0 else f"{task_instance.task_id}_{map_index}"
     state = (states or {}).get(task_instance.run_id, {}).get(key)
     return str(getattr(state, "value", state)).lower() == "deferred"
+
+
+async def should_delete_on_kill(trigger: Any, what: str) -> bool:
+    """True when a create-wait trigger's on_kill should delete what this run created: it was asked
+    to (``delete_on_kill`` with an ``owner_run_id``) and the kill is a user's, not a hand-over."""
+    if not (trigger.delete_on_kill and trigger.owner_run_id):
+        return False
+    if await task_is_still_deferred(trigger.task_instance):
+        # A triggerer hand-over, not a user kill: the wait goes on elsewhere.
+        trigger.log.warning("on_kill while the task is still deferred (trigger moved?); %s kept", what)
+        return False
+    return True

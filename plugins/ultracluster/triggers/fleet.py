@@ -20,19 +20,34 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from ultracluster.parsers.pcluster import (
+    CREATE_COMPLETE,
+    CREATE_FAILED,
+    DELETE_COMPLETE,
+    DELETE_FAILED,
+    DELETE_IN_PROGRESS,
+    UPDATE_COMPLETE,
+    UPDATE_FAILED,
+    UPDATE_IN_PROGRESS,
+    ClusterNotFoundError,
+    PclusterError,
+    cluster_status,
+    failures,
+    head_node_address,
+    stack_arn,
+)
+
 WAIT, READY, FAIL = "wait", "ready", "fail"
 
-_READY_CLUSTER = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_IN_PROGRESS"}
-_WAIT_CLUSTER = {"CREATE_IN_PROGRESS"}
-_FAILED_CLUSTER = {"CREATE_FAILED", "DELETE_IN_PROGRESS", "DELETE_COMPLETE", "DELETE_FAILED", "UPDATE_FAILED"}
-_WAIT_FLEET = {"START_REQUESTED", "STARTING", "UNKNOWN", ""}
+# Any other clusterStatus (CREATE_IN_PROGRESS, unknown) waits; so does any other fleet status than
+# RUNNING or the failed ones (START_REQUESTED, STARTING, UNKNOWN, not reported yet).
+_READY_CLUSTER = {CREATE_COMPLETE, UPDATE_COMPLETE, UPDATE_IN_PROGRESS}
+_FAILED_CLUSTER = {CREATE_FAILED, DELETE_IN_PROGRESS, DELETE_COMPLETE, DELETE_FAILED, UPDATE_FAILED}
 _FAILED_FLEET = {"PROTECTED", "STOP_REQUESTED", "STOPPING", "STOPPED"}
 
 
 def evaluate_cluster(description: dict[str, Any]) -> tuple[str, str]:
     """(verdict, reason) for a describe-cluster result."""
-    from ultracluster.parsers.pcluster import cluster_status, failures, head_node_address
-
     status = cluster_status(description)
     fleet = str(description.get("computeFleetStatus") or "")
     name = description.get("clusterName", "?")
@@ -41,7 +56,7 @@ def evaluate_cluster(description: dict[str, Any]) -> tuple[str, str]:
             f"{f.get('failureCode', '?')}: {f.get('failureReason', '')}".strip() for f in failures(description)
         )
         return FAIL, f"Cluster {name} is {status}" + (f" ({reasons})" if reasons else "")
-    if status in _WAIT_CLUSTER or status not in _READY_CLUSTER:
+    if status not in _READY_CLUSTER:
         return WAIT, f"cluster {name} is {status or 'in an unknown state'}"
     if fleet == "PROTECTED":
         return FAIL, (
@@ -60,8 +75,6 @@ def evaluate_cluster(description: dict[str, Any]) -> tuple[str, str]:
 def cluster_identity(description: dict[str, Any]) -> str:
     """What tells one creation of a cluster from a later one of the same name (the stack ARN holds a
     per-stack UUID; creation time and head node instance are there in case it is missing)."""
-    from ultracluster.parsers.pcluster import stack_arn
-
     head = description.get("headNode") or {}
     parts = (stack_arn(description), description.get("creationTime"), head.get("instanceId"))
     return "|".join(str(part or "") for part in parts)
@@ -74,24 +87,6 @@ def evaluate_capacity(capacity) -> tuple[str, str]:
     if capacity.impossible:
         return FAIL, "Not enough usable nodes: " + capacity.describe()
     return WAIT, capacity.describe()
-
-
-async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
-    """First contact over asyncssh: the head node's host key as ``"<type> <base64>"``."""
-    import asyncssh
-
-    key = await asyncio.wait_for(
-        asyncssh.get_server_host_key(
-            address,
-            port,
-            server_host_key_algs=["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"],
-        ),
-        timeout=timeout,
-    )
-    if key is None:
-        raise OSError(f"{address}:{port} offered no host key")
-    key_type, key_data = key.export_public_key("openssh").decode().split()[:2]
-    return f"{key_type} {key_data}"
 
 
 class ComputeFleetTrigger(BaseTrigger):
@@ -161,9 +156,8 @@ class ComputeFleetTrigger(BaseTrigger):
 
     async def check_once(self, pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
         """One round of both gates: (verdict, reason, head_node or None)."""
-        from ultracluster.hooks.head_node import HeadNodeUnreachableError, HostKeyMismatchError
+        from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
         from ultracluster.hooks.slurm import SlurmCommandError
-        from ultracluster.parsers.pcluster import ClusterNotFoundError, head_node_address
         from ultracluster.parsers.slurm import SlurmParseError, partition_capacity
 
         try:
@@ -181,7 +175,7 @@ class ComputeFleetTrigger(BaseTrigger):
             self.host_key = None
         if self.host_key is None:
             try:
-                self.host_key = await afetch_host_key(address, self.ssh_port)
+                self.host_key = await HeadNodeHook.afetch_host_key(address, self.ssh_port)
             except (TimeoutError, OSError) as err:
                 return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
             self.host_key_cluster = identity
@@ -208,7 +202,6 @@ class ComputeFleetTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from ultracluster.hooks.parallelcluster import ParallelClusterHook
-        from ultracluster.parsers.pcluster import PclusterError
 
         pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
         last_reason = None

@@ -1,0 +1,128 @@
+"""`ultracluster sweep`: one training run per node count, as a fan-out of runs or as a backfill.
+
+A backfilled run picks its point from its logical date (``ultracluster.sweep``): index = whole weeks
+since 2023-01-01 (a Sunday) modulo the number of points, so any ``len(points)`` consecutive weekly
+ticks cover each point once. The backfill spans the most recent ``len(points)`` ticks (Sunday
+00:00 UTC) strictly before now:
+
+- Airflow 3.3 creates a backfill run for every tick with ``from_date <= logical_date <= to_date``
+  (both ends inclusive: ``SerializedDAG.iter_dagrun_infos_between``), keeping only those whose data
+  interval has ended before now (``airflow.models.backfill._get_info_list``). ``@weekly`` is a
+  ``CronTriggerTimetable``: its interval is the tick itself, so a tick counts once it is past.
+- So ``from_date`` is the first of those ticks and ``to_date`` the last one. The dry run
+  (``POST /api/v2/backfills/dry_run``) must plan exactly those dates, or nothing is created.
+"""
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timedelta, timezone
+
+from ultracluster.cli.client import AirflowClient, CliError, segment
+from ultracluster.cli.follow import Followed, follow, say
+from ultracluster.cli.runs import build_conf, ensure_unpaused, start_run
+from ultracluster.sweep import ORIGIN, tick_index
+
+WEEK = timedelta(days=7)  # the DAG's @weekly schedule; ORIGIN is one of its ticks (a Sunday 00:00 UTC)
+
+
+def parse_nodes(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]: positive, distinct (each point is one run)."""
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CliError(f"--nodes {text!r}: expected node counts like 1,2,4") from None
+    if not nodes or min(nodes) < 1:
+        raise CliError(f"--nodes {text!r}: expected positive node counts like 1,2,4")
+    if len(set(nodes)) != len(nodes):
+        raise CliError(f"--nodes {text!r}: each node count once")
+    return nodes
+
+
+def sweep_conf(args: argparse.Namespace, nodes: list[int]) -> dict:
+    """The --conf-file/--param conf with the sweep set: {"sweep": {"id", "num_nodes", "scaling_mode"}}."""
+    conf = build_conf(args.conf_file, args.param)
+    conf["sweep"] = {"id": args.id, "num_nodes": nodes, "scaling_mode": args.mode}
+    return conf
+
+
+def past_ticks(now: datetime, count: int) -> list[datetime]:
+    """The ``count`` most recent weekly ticks (Sunday 00:00 UTC) strictly before ``now``, oldest first."""
+    last = ORIGIN + WEEK * ((now - ORIGIN) // WEEK)
+    if last >= now:  # now is a tick: its run is not yet past
+        last -= WEEK
+    return [last - WEEK * back for back in range(count - 1, -1, -1)]
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def point_at(nodes: list[int], logical_date: datetime) -> int:
+    """The node count a backfilled run at ``logical_date`` trains (``ultracluster.sweep``'s rule)."""
+    return nodes[tick_index(logical_date, WEEK) % len(nodes)]
+
+
+def cmd_sweep(client: AirflowClient, args: argparse.Namespace, now: datetime | None = None) -> int:
+    nodes = parse_nodes(args.nodes)
+    conf = sweep_conf(args, nodes)
+    if args.via == "runs":
+        followed = fan_out(client, args, conf, nodes)
+    else:
+        followed = backfill(client, args, conf, nodes, now or datetime.now(timezone.utc))
+    if not followed or args.no_follow:
+        return 0
+    ok = follow(client, followed, poll_s=args.poll_interval, timeout_s=args.timeout)
+    done = sum(run.state == "success" for run in followed)
+    say(f"sweep {args.id}: {done}/{len(followed)} runs succeeded")
+    return 0 if ok else 1
+
+
+def fan_out(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: list[int]) -> list[Followed]:
+    """One manual run per point, each naming its point: {"sweep": {..., "point": {"num_nodes": N}}}."""
+    if args.dry_run:
+        raise CliError("--dry-run is for --via backfill (a fan-out has nothing to plan)")
+    ensure_unpaused(client, args.dag, args.wait_for_dag)
+    followed = []
+    for count in nodes:
+        run_id = start_run(client, args.dag, {**conf, "sweep": {**conf["sweep"], "point": {"num_nodes": count}}})
+        say(f"sweep {args.id}: num_nodes={count}  run {run_id}")
+        followed.append(Followed(args.dag, run_id, label=f"[n={count}] "))
+    return followed
+
+
+def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: list[int],
+             now: datetime) -> list[Followed]:
+    """A backfill over the last len(nodes) weekly ticks; its runs, one per point."""
+    ticks = past_ticks(now, len(nodes))
+    body = {"dag_id": args.dag, "from_date": iso(ticks[0]), "to_date": iso(ticks[-1]), "run_backwards": False,
+            "dag_run_conf": conf, "reprocess_behavior": "completed", "max_active_runs": args.max_active}
+    planned = client.post("/api/v2/backfills/dry_run", body)["backfills"]
+    dates = sorted(datetime.fromisoformat(item["logical_date"]) for item in planned if item.get("logical_date"))
+    say(f"sweep {args.id}: backfill {args.dag} from {body['from_date']} to {body['to_date']}; "
+        f"the dry run plans {len(dates)} runs:")
+    for date in dates:
+        say(f"  {iso(date)}  num_nodes={point_at(nodes, date)}")
+    if dates != ticks:
+        raise CliError(f"the dry run plans {[iso(d) for d in dates]}, the sweep needs one run at each of "
+                       f"{[iso(t) for t in ticks]}: a run at one of them is still in flight, or {args.dag}'s "
+                       "schedule is not weekly at Sunday 00:00 UTC")
+    if args.dry_run:
+        return []
+    ensure_unpaused(client, args.dag, args.wait_for_dag)
+    created = client.post("/api/v2/backfills", body)
+    say(f"sweep {args.id}: backfill {created['id']} created")
+    runs = client.get(f"/api/v2/dags/{segment(args.dag)}/dagRuns",
+                      params={"run_type": "backfill", "logical_date_gte": body["from_date"],
+                              "logical_date_lte": body["to_date"], "limit": 100})["dag_runs"]
+    by_date = {datetime.fromisoformat(run["logical_date"]): run["dag_run_id"]
+               for run in runs if run.get("logical_date")}
+    missing = [iso(tick) for tick in ticks if tick not in by_date]
+    if missing:
+        raise CliError(f"backfill {created['id']} has no run at {', '.join(missing)} (GET /api/v2/backfills/"
+                       f"{created['id']} and the Airflow UI show why)")
+    followed = []
+    for tick in ticks:
+        label = f"[n={point_at(nodes, tick)} {tick:%Y-%m-%d}] "
+        say(f"  {label}run {by_date[tick]}")
+        followed.append(Followed(args.dag, by_date[tick], label=label))
+    return followed

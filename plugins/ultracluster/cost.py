@@ -1,0 +1,136 @@
+"""What a training run costs: an estimate before it runs, and the cost of what it used.
+
+Prices come from ``include/cluster/prices.json`` (on-demand, us-east-1, USD) or the file named by
+``$ULTRACLUSTER_PRICES_FILE``: ``{"instances": {type: {"usd_per_hour", "vcpus",
+["reference_seq_per_s_per_node"]}}, "fsx_lustre_scratch2_usd_per_gb_month", "hours_per_month",
+"references": [...], "source", "as_of"}``.
+
+Stdlib only: the preflight task and the scaling report both call this.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ultracluster.profiles import include_dir
+
+PRICES_ENV_VAR = "ULTRACLUSTER_PRICES_FILE"
+# Cluster creation, fleet start and the Neuron compile: paid for, but not training.
+DEFAULT_OVERHEAD_HOURS = 0.5
+# Training workers (NeuronCores) per node: torchrun starts one per core.
+WORKERS_PER_NODE = {"trn1.32xlarge": 32, "trn1n.32xlarge": 32, "trn1.2xlarge": 2}
+
+
+class PriceError(ValueError):
+    """The prices file is missing or malformed, or has no price the computation needs."""
+
+
+def prices_path(path: str | os.PathLike | None = None) -> Path:
+    """``path``, else ``$ULTRACLUSTER_PRICES_FILE``, else include/cluster/prices.json."""
+    return Path(path or os.environ.get(PRICES_ENV_VAR) or include_dir() / "cluster" / "prices.json")
+
+
+def load_prices(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The prices file (see ``prices_path``), keys starting with "_" (comments) dropped."""
+    where = prices_path(path)
+    try:
+        raw = json.loads(where.read_text())
+    except (OSError, ValueError) as err:  # missing, unreadable or not JSON
+        raise PriceError(f"Cannot read the prices file {where} (override: {PRICES_ENV_VAR}): {err}") from err
+    instances = raw.get("instances") if isinstance(raw, dict) else None
+    if not isinstance(instances, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("usd_per_hour"), (int, float)) for v in instances.values()):
+        raise PriceError(f"Prices file {where}: 'instances' must map each type to {{\"usd_per_hour\": number}}")
+    for key in ("fsx_lustre_scratch2_usd_per_gb_month", "hours_per_month"):
+        if not isinstance(raw.get(key), (int, float)) or raw[key] < 0:
+            raise PriceError(f"Prices file {where}: {key} must be a number >= 0")
+    prices = {k: v for k, v in raw.items() if not k.startswith("_")}
+    prices["file"] = str(where)
+    return prices
+
+
+def _hourly(prices: dict[str, Any], instance_type: str | None) -> float | None:
+    entry = prices["instances"].get(instance_type or "")
+    return float(entry["usd_per_hour"]) if entry else None
+
+
+def _money(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def run_cost(instance_type: str | None, node_hours: float | None, head_node_type: str | None,
+             cluster_hours: float | None, fsx_gib: float | None, prices: dict[str, Any]) -> dict[str, Any]:
+    """Cost of what a run used: ``{"usd", "node_usd", "head_node_usd", "fsx_usd"}`` (USD, cents).
+
+    Compute nodes bill ``node_hours``; the head node and FSx for Lustre bill the cluster's life
+    (``cluster_hours``), FSx pro rata of a month. A part whose input or price is unknown is None;
+    ``usd`` adds the known parts and is None when the node part (nearly all of it) is unknown.
+    """
+    node_rate, head_rate = _hourly(prices, instance_type), _hourly(prices, head_node_type)
+    node_usd = node_hours * node_rate if None not in (node_hours, node_rate) else None
+    head_usd = cluster_hours * head_rate if None not in (cluster_hours, head_rate) else None
+    fsx_usd = None
+    if None not in (cluster_hours, fsx_gib):
+        fsx_usd = (float(fsx_gib) * float(prices["fsx_lustre_scratch2_usd_per_gb_month"]) * cluster_hours
+                   / float(prices["hours_per_month"]))
+    usd = None if node_usd is None else node_usd + (head_usd or 0.0) + (fsx_usd or 0.0)
+    return {"usd": _money(usd), "node_usd": _money(node_usd), "head_node_usd": _money(head_usd),
+            "fsx_usd": _money(fsx_usd)}
+
+
+def global_batch(plan: dict[str, Any], world_size: int) -> int:
+    """Sequences per optimizer step. Strong scaling splits the accumulation micro-steps over the
+    nodes (the training script does, to keep the global batch fixed); weak scaling does not."""
+    accumulation = int(plan["grad_accum_usteps"])
+    if plan.get("scaling_mode") == "strong":
+        accumulation = max(1, accumulation // int(plan["num_nodes"]))
+    return int(plan["batch_size"]) * accumulation * world_size
+
+
+def estimate(plan: dict[str, Any], prices: dict[str, Any], *, world_size: int | None = None,
+             overhead_hours: float = DEFAULT_OVERHEAD_HOURS) -> dict[str, Any]:
+    """Expected time and cost of a run, before it starts.
+
+    :param plan: the run's params (``instance_type``, ``num_nodes``, ``steps_this_run`` (else
+        ``max_steps``), ``batch_size``, ``grad_accum_usteps``, ``scaling_mode``, and optionally
+        ``head_node_instance_type``, ``fsx_storage_capacity_gib``).
+    :param prices: ``load_prices()``.
+    :param world_size: training workers in all; default nodes x NeuronCores per node (the local
+        stand-in runs fewer workers than its Trn1 instance type has cores).
+    :param overhead_hours: cluster creation, fleet start and compile time, billed like training.
+    :return: ``{"usd", "hours", "node_hours", "instance_type", "usd_per_node_hour",
+        "head_node_usd", "fsx_usd", "reference_seq_per_s", "node_usd", "train_hours",
+        "overhead_hours", "world_size", "global_batch"}``. Hours = steps x global batch /
+        (reference seq/s per node x nodes) / 3600 + overhead; nodes, head node and FSx bill all of it.
+        Every amount is a number (0 for a head node or FSx the plan does not name).
+    :raises PriceError: no price or reference throughput for the instance type, or no price for
+        the head node type the plan names (a plan without one prices no head node).
+    """
+    instance_type = plan["instance_type"]
+    entry = prices["instances"].get(instance_type)
+    if not entry or not entry.get("reference_seq_per_s_per_node"):
+        raise PriceError(f"No price and reference throughput for {instance_type!r} in {prices.get('file')}")
+    nodes = int(plan["num_nodes"])
+    if world_size is None:
+        if instance_type not in WORKERS_PER_NODE:
+            raise PriceError(f"Workers per node of {instance_type!r} unknown: pass world_size")
+        world_size = nodes * WORKERS_PER_NODE[instance_type]
+    head_node_type = plan.get("head_node_instance_type")
+    if head_node_type and _hourly(prices, head_node_type) is None:
+        raise PriceError(f"No price for the head node type {head_node_type!r} in {prices.get('file')}")
+    batch = global_batch(plan, int(world_size))
+    steps = int(plan.get("steps_this_run") or plan["max_steps"])
+    reference = float(entry["reference_seq_per_s_per_node"]) * nodes
+    train_hours = steps * batch / reference / 3600
+    hours = train_hours + overhead_hours
+    cost = run_cost(instance_type, nodes * hours, head_node_type, hours, plan.get("fsx_storage_capacity_gib") or 0,
+                    prices)
+    return {
+        "usd": cost["usd"], "hours": round(hours, 4), "node_hours": round(nodes * hours, 4),
+        "instance_type": instance_type, "usd_per_node_hour": float(entry["usd_per_hour"]),
+        "head_node_usd": cost["head_node_usd"] or 0.0, "fsx_usd": cost["fsx_usd"], "reference_seq_per_s": reference,
+        "node_usd": cost["node_usd"], "train_hours": round(train_hours, 4), "overhead_hours": overhead_hours,
+        "world_size": int(world_size), "global_batch": batch,
+    }

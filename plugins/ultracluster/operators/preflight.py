@@ -1,0 +1,96 @@
+"""preflight: everything knowable before the first create, in one visible step.
+
+It fixes the run's plan (the params with its sweep point applied; every later task reads the plan),
+checks the cross-field rules once, estimates the cost and enforces ``max_cost_usd``. Its failures
+are the conf's own: they fail the task at once, without retries.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class PreflightOperator(BaseOperator):
+    """
+    Return ``{"plan": {...}, "estimate": {...}}`` (docs/contracts.md, "Scaling sweeps").
+
+    :param schedule_period: the DAG's tick length; a backfilled sweep run picks its point from
+        the tick index of its logical date.
+    :param artifacts_s3_uri: where a sweep run is indexed (``sweeps/<dag_id>/<sweep_id>/runs/``).
+    """
+
+    template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
+    ui_color = "#e8f1d4"
+
+    def __init__(self, *, schedule_period: timedelta, artifacts_s3_uri: str, max_cost_usd: Any = None,
+                 aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.schedule_period = schedule_period
+        self.artifacts_s3_uri = artifacts_s3_uri
+        self.max_cost_usd = max_cost_usd
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from ultracluster.cost import PriceError, estimate, load_prices
+        from ultracluster.operators.config import ConfigValidationError, validate_pipeline_params
+        from ultracluster.sweep import SweepError, describe_point, run_plan
+
+        try:
+            plan = run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
+            point = plan["sweep_point"]
+            if point:
+                self.log.info("%s", describe_point(point))
+            validate_pipeline_params(plan)
+        except (SweepError, ConfigValidationError) as err:
+            raise AirflowFailException(str(err)) from None
+        try:
+            expected = estimate(plan, load_prices())
+        except PriceError as err:
+            raise AirflowFailException(f"cost estimate: {err}") from None
+        self.log.info(
+            "Cost estimate: $%.2f (%d × %s for %.2f h at $%.2f/h, head node $%.2f, FSx $%.2f)",
+            expected["usd"], plan["num_nodes"], expected["instance_type"], expected["hours"],
+            expected["usd_per_node_hour"], expected["head_node_usd"], expected["fsx_usd"],
+        )
+        limit = self._max_cost()
+        if limit is not None and expected["usd"] > limit:
+            raise AirflowFailException(
+                f"max_cost_usd: the estimate ${expected['usd']:.2f} exceeds the limit ${limit:.2f}; "
+                "lower num_nodes or steps_this_run, or raise max_cost_usd"
+            )
+        if point:
+            self._index(context, plan, expected)
+        return {"plan": plan, "estimate": expected}
+
+    def _max_cost(self) -> float | None:
+        if self.max_cost_usd in (None, "", "None"):
+            return None
+        try:
+            return float(self.max_cost_usd)
+        except (TypeError, ValueError):
+            raise AirflowFailException(f"max_cost_usd must be a number, got {self.max_cost_usd!r}") from None
+
+    def _index(self, context: Context, plan: dict, expected: dict) -> None:
+        """Record this run under its sweep, where the scaling report finds it."""
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+        from ultracluster.clock import utc_now
+        from ultracluster.operators.config import safe_run_id
+        from ultracluster.sweep import sweep_location
+
+        point = plan["sweep_point"]
+        dag_id, run_id = context["dag"].dag_id, context["run_id"]
+        bucket, prefix = sweep_location(self.artifacts_s3_uri, "sweeps", dag_id, point["id"])
+        key = f"{prefix}/runs/{safe_run_id(run_id)}.json"
+        entry = {"dag_id": dag_id, "run_id": run_id, "point": point, "plan": plan, "estimate": expected,
+                 "written_at": utc_now()}
+        S3Hook(aws_conn_id=self.aws_conn_id).load_string(json.dumps(entry, default=str), key, bucket, replace=True)
+        self.log.info("Sweep %s indexed at s3://%s/%s", point["id"], bucket, key)

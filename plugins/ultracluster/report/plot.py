@@ -1,0 +1,68 @@
+"""The report's plot: throughput against nodes, the ideal linear line, efficiency on a second axis.
+
+matplotlib is imported inside ``plot_png`` (Agg, no display): the report DAG must parse without it.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+SIZE_INCHES = (8.0, 6.0)
+DPI = 100
+
+
+def plot_png(report: Mapping[str, Any]) -> bytes:
+    """PNG bytes, ``SIZE_INCHES`` x ``DPI`` pixels. Successful points only; a sweep without one gets
+    an empty plot that says so."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure  # no pyplot: no global figure state in a worker
+
+    done = sorted((r for r in report["rows"] if r["status"] == "success" and r.get("nodes")
+                   and r.get("average_throughput_seq_per_s")), key=lambda r: r["nodes"])
+    figure = Figure(figsize=SIZE_INCHES, dpi=DPI)
+    axes = figure.add_subplot()
+    nodes = [r["nodes"] for r in done]
+    if done:
+        base = done[0]
+        axes.plot(nodes, [r["average_throughput_seq_per_s"] for r in done], "o-", color="tab:blue",
+                  label="average throughput")
+        peaks = [(r["nodes"], r["peak_throughput_seq_per_s"]) for r in done if r.get("peak_throughput_seq_per_s")]
+        if peaks:
+            axes.plot(*zip(*peaks), "x", color="tab:blue", alpha=0.6, label="peak throughput")
+        ideal_nodes = sorted({*nodes, *(ref["nodes"] for ref in report.get("references") or [])})
+        per_node = base["average_throughput_seq_per_s"] / base["nodes"]
+        axes.plot(ideal_nodes, [n * per_node for n in ideal_nodes], "--", color="gray",
+                  label=f"ideal linear (from the {base['nodes']}-node point)")
+    else:
+        axes.text(0.5, 0.5, "no successful point yet", ha="center", va="center", transform=axes.transAxes)
+    # Distinct from the measured series: other shapes and colours.
+    for marker, color, ref in zip("*DP^v", ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:olive"),
+                                  report.get("references") or []):
+        axes.plot([ref["nodes"]], [ref["seq_per_s"]], marker, color=color, markersize=11, linestyle="none",
+                  label=f"reference: {ref.get('label')}")
+    axes.set_xlabel("Trn1 nodes" + (f" ({report['instance_type']})" if report.get("instance_type") else ""))
+    axes.set_ylabel("throughput (sequences/s)")
+    axes.grid(True, alpha=0.3)
+    handles, labels = axes.get_legend_handles_labels()
+
+    with_efficiency = [r for r in done if r.get("efficiency") is not None]
+    if with_efficiency:
+        efficiency_axes = axes.twinx()
+        efficiency_axes.plot([r["nodes"] for r in with_efficiency], [r["efficiency"] for r in with_efficiency],
+                             "s:", color="tab:orange", label=f"{report.get('scaling_mode')} scaling efficiency")
+        efficiency_axes.set_ylabel("scaling efficiency")
+        efficiency_axes.set_ylim(0, max(1.1, max(r["efficiency"] for r in with_efficiency) * 1.05))
+        more_handles, more_labels = efficiency_axes.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    if handles:
+        # Below the axes: inside, it would hide points whatever the corner.
+        axes.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")
+    axes.set_title(f"BERT-Large throughput vs nodes: sweep {report['sweep_id']}"
+                   + (f" ({report['scaling_mode']} scaling)" if report.get("scaling_mode") else ""))
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()

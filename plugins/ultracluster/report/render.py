@@ -1,0 +1,123 @@
+"""The report as Markdown, self-contained HTML (the plot embedded) and JSON (stdlib only)."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Row = Mapping[str, Any]
+
+
+def _number(fmt: str) -> Callable[[Any], str]:
+    return lambda value: "-" if value is None else format(value, fmt)
+
+
+def _time(row: Row) -> str:
+    text = _number(".1f")(row.get("time_to_train_min"))
+    return f"{text}*" if row.get("time_to_train_extrapolated") and text != "-" else text
+
+
+def _cost(row: Row) -> str:
+    text = _number(",.2f")(row.get("cost_usd"))
+    return text + {"wall_times": " ~", "recorded": " (recorded)"}.get(row.get("cost_basis") or "", "")
+
+
+def _efficiency(row: Row) -> str:
+    return _number(".1%")(row.get("efficiency"))
+
+
+# (header, cell of a measured row, cell of a reference point)
+COLUMNS: list[tuple[str, Callable[[Row], str], Callable[[Row], str]]] = [
+    ("Nodes", lambda r: _number("d")(r.get("nodes")), lambda ref: str(ref["nodes"])),
+    ("World size", lambda r: _number("d")(r.get("world_size")), lambda ref: "-"),
+    ("Global batch", lambda r: _number(",d")(r.get("global_batch")), lambda ref: "-"),
+    ("Avg seq/s", lambda r: _number(",.1f")(r.get("average_throughput_seq_per_s")),
+     lambda ref: _number(",.1f")(ref.get("seq_per_s"))),
+    ("Peak seq/s", lambda r: _number(",.1f")(r.get("peak_throughput_seq_per_s")), lambda ref: "-"),
+    ("Time to train (min)", _time, lambda ref: "-"),
+    ("Efficiency", _efficiency, _efficiency),
+    ("Final loss", lambda r: _number(".4f")(r.get("final_loss")), lambda ref: "-"),
+    ("Cluster wall (min)", lambda r: _number(".1f")(r.get("cluster_wall_min")), lambda ref: "-"),
+    ("Idle fleet (min)", lambda r: _number(".1f")(r.get("idle_fleet_min")), lambda ref: "-"),
+    ("Cost (USD)", _cost, lambda ref: "-"),
+    ("Status", lambda r: str(r.get("status")), lambda ref: f"reference: {ref.get('label')}"),
+]
+LEGEND = ("`*` time to train extrapolated from the steps run; `~` cost from wall times "
+          "(nodes × fleet ready → train end), not the run's node hours.")
+
+
+def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells: the measured rows, then the reference points."""
+    cells = [[measured(row) for _, measured, _ in COLUMNS] for row in report["rows"]]
+    cells += [[reference(ref) for _, _, reference in COLUMNS] for ref in report.get("references") or []]
+    return [header for header, _, _ in COLUMNS], cells
+
+
+def summary(report: Mapping[str, Any]) -> str:
+    mode = f"{report['scaling_mode']} scaling" if report.get("scaling_mode") else "scaling mode unknown"
+    text = (f"Sweep `{report['sweep_id']}` of `{report['source_dag_id']}`: {mode} on "
+            f"{report.get('instance_type') or 'an unknown instance type'}, points {report.get('points')}; "
+            f"generated {report['generated_at']}.")
+    return text + (" **Partial**: not every point has finished." if report.get("partial") else "")
+
+
+def _bullets(report: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The lists under the table: efficiency, pending points, notes, prices."""
+    formula, baseline = report.get("efficiency_formula"), report.get("baseline_nodes")
+    if not formula:
+        efficiency = "Not computed: the scaling mode is unknown or mixed."
+    elif baseline:
+        efficiency = f"{formula}; here N1 = {baseline}."
+    else:
+        efficiency = f"{formula}; no successful point to compare with yet."
+    waiting = [f"{p['nodes']} nodes: {p['status']}" + (f" ({p['run_id']})" if p.get("run_id") else "")
+               + (" — tearing down" if p.get("tearing_down") else "") for p in report.get("pending") or []]
+    notes = list(report.get("notes") or [])
+    notes += [f"{row['nodes']} nodes: {note}" for row in report["rows"] for note in row.get("notes") or []]
+    prices = report.get("prices") or {}
+    return {"Efficiency": [efficiency], "Pending": waiting, "Notes": notes,
+            "Prices": [f"{prices.get('source')} (as of {prices.get('as_of')})."]}
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    headers, cells = table(report)
+    lines = [f"# {report['title']}", "", summary(report), "",
+             "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    lines += ["", LEGEND]
+    for title, items in _bullets(report).items():
+        if items:
+            lines += ["", f"**{title}**", ""] + [f"- {item}" for item in items]
+    return "\n".join(lines) + "\n"
+
+
+_STYLE = ("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
+          "th,td{border:1px solid #bbb;padding:4px 8px;text-align:right}th{background:#eee}"
+          "td:last-child{text-align:left}img{max-width:100%}")
+
+
+def render_html(report: Mapping[str, Any], png_bytes: bytes) -> str:
+    """One self-contained page: inline style, the plot as a data URI, no external assets."""
+    e = html.escape
+    headers, cells = table(report)
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in cells)
+    image = base64.b64encode(png_bytes).decode("ascii")
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(report['title'])}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{e(report['title'])}</h1>", f"<p>{e(summary(report).replace('`', '').replace('**', ''))}</p>",
+        f'<img alt="Throughput and efficiency against nodes" src="data:image/png;base64,{image}">',
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+        f"<p>{e(LEGEND.replace('`', ''))}</p>",
+    ]
+    for title, items in _bullets(report).items():
+        if items:
+            parts.append(f"<h2>{e(title)}</h2><ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>")
+    return "\n".join(parts + ["</body></html>"]) + "\n"
+
+
+def report_json(report: Mapping[str, Any]) -> str:
+    return json.dumps(report, indent=2, default=str) + "\n"

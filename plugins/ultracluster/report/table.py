@@ -1,0 +1,149 @@
+"""The report's table: one row per sweep point, scaling efficiency, time and cost (pure, stdlib only)."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from ultracluster.cost import run_cost
+from ultracluster.report.records import ENDED, chosen_run, minutes_between, point_nodes
+
+EFFICIENCY_FORMULAS = {
+    "strong": "T1·N1 / (TN·N), T = time to train, against the smallest successful point (N1 nodes)",
+    "weak": "throughputN / ((N/N1)·throughput1), against the smallest successful point (N1 nodes)",
+}
+TEARING_DOWN = "training done, cluster being torn down"
+
+
+def _common(values: Iterable[Any]) -> tuple[Any, bool]:
+    """The most common non-null value, and whether there were several different ones."""
+    counts = Counter(v for v in values if v is not None)
+    return (counts.most_common(1)[0][0] if counts else None), len(counts) > 1
+
+
+def _cost(run: Mapping[str, Any], nodes: int | None, wall_min: float | None,
+          prices: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
+    """Cost, its basis and the node hours it bills: the run's node hours, else nodes x (fleet ready
+    -> train end) from its timestamps, else the cost the run recorded itself."""
+    node_hours, basis = run.get("node_hours"), "node_hours"
+    if node_hours is None:
+        busy = minutes_between(run.get("fleet_ready_at"), run.get("train_ended_at"))
+        node_hours, basis = (nodes * busy / 60, "wall_times") if busy is not None and nodes else (None, None)
+    cost = run_cost(run.get("instance_type"), node_hours, run.get("head_node_instance_type"),
+                    None if wall_min is None else wall_min / 60, run.get("fsx_storage_capacity_gib"), prices)
+    if cost["usd"] is None:
+        recorded = run.get("cost_usd")
+        cost, basis = {"usd": recorded, "node_usd": None, "head_node_usd": None, "fsx_usd": None}, (
+            "recorded" if recorded is not None else None)
+    return cost, basis, node_hours
+
+
+_EMPTY = dict.fromkeys((
+    "world_size", "global_batch", "average_throughput_seq_per_s", "peak_throughput_seq_per_s",
+    "time_to_train_min", "time_to_train_extrapolated", "final_loss", "efficiency", "cluster_wall_min",
+    "idle_fleet_min", "idle_before_train_min", "idle_after_train_min", "node_hours", "cost_usd",
+    "cost_basis", "cost", "run_id", "instance_type", "scaling_mode"))
+
+
+def _row(index: int | None, nodes: int | None, runs: list[dict[str, Any]], prices: Mapping[str, Any]) -> dict:
+    notes = [f"point ran {len(runs)} times"] if len(runs) > 1 else []
+    if index is None:
+        notes.append("not one of the sweep's points")
+    run = chosen_run(runs)
+    if run is None:
+        return {**_EMPTY, "index": index, "nodes": nodes, "status": "missing", "runs": 0, "notes": notes}
+    wall = minutes_between(run.get("cluster_created_at"), run.get("cluster_deleted_at"))
+    before = minutes_between(run.get("fleet_ready_at"), run.get("train_started_at"))
+    after = minutes_between(run.get("train_ended_at"), run.get("cluster_deleted_at"))
+    cost, basis, node_hours = _cost(run, nodes, wall, prices)
+    if run["state"] == "running" and run.get("results_collected"):
+        notes.append(TEARING_DOWN)
+    return {
+        **{key: run.get(key) for key in _EMPTY if key in run},
+        "index": index, "nodes": nodes, "efficiency": None, "cluster_wall_min": wall,
+        "idle_fleet_min": None if None in (before, after) else before + after,
+        "idle_before_train_min": before, "idle_after_train_min": after,
+        "node_hours": node_hours, "cost_usd": cost["usd"], "cost_basis": basis, "cost": cost,
+        "status": run["state"], "runs": len(runs), "notes": notes,
+    }
+
+
+def add_efficiency(rows: list[dict[str, Any]], scaling_mode: str | None) -> int | None:
+    """Set each successful row's ``efficiency`` (see ``EFFICIENCY_FORMULAS``); returns N1, the
+    baseline's node count (None: no baseline, or the scaling mode is unknown)."""
+    key = {"strong": "time_to_train_min", "weak": "average_throughput_seq_per_s"}.get(scaling_mode or "")
+    usable = [r for r in rows if key and r["status"] == "success" and r["nodes"] and r.get(key)]
+    if not usable:
+        return None
+    base = min(usable, key=lambda r: r["nodes"])
+    n1, v1 = base["nodes"], base[key]
+    for row in usable:
+        n, v = row["nodes"], row[key]
+        row["efficiency"] = v1 * n1 / (v * n) if scaling_mode == "strong" else v / ((n / n1) * v1)
+    return n1
+
+
+def build_rows(sweep_points: Sequence[int], records: Iterable[Mapping[str, Any]],
+               prices: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per point, in the sweep's order (a point without a run is "missing"), then rows of
+    runs of other node counts. A point that ran several times shows its latest successful run.
+    Records are ordered by ``written_at`` (when the run was indexed)."""
+    records = sorted(records, key=lambda r: r.get("written_at") or "")
+    by_nodes: dict[int | None, list[dict[str, Any]]] = {}
+    for record in records:
+        by_nodes.setdefault(point_nodes(record), []).append(dict(record))
+    points = [int(n) for n in sweep_points]
+    extra = [n for n in by_nodes if n not in points]
+    rows = [_row(i, n, by_nodes.get(n, []), prices) for i, n in enumerate(points)]
+    rows += [_row(None, n, by_nodes[n], prices) for n in extra]
+    add_efficiency(rows, sweep_scaling_mode(records)[0])
+    return rows
+
+
+def sweep_scaling_mode(records: Iterable[Mapping[str, Any]]) -> tuple[str | None, bool]:
+    """The sweep's scaling mode, and whether its runs disagree (then no efficiency is computed)."""
+    mode, mixed = _common(r.get("scaling_mode") for r in records)
+    return (None, True) if mixed else (mode, False)
+
+
+def pending(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose run has not ended (missing, queued, running); ``tearing_down``: only the
+    cluster's deletion is left (the results are in)."""
+    return [{"nodes": r["nodes"], "status": r["status"], "run_id": r.get("run_id"),
+             "tearing_down": TEARING_DOWN in r["notes"]}
+            for r in rows if r["status"] not in ENDED]
+
+
+def make_report(sweep_id: str, source_dag_id: str, sweep_points: Sequence[int],
+                records: Sequence[Mapping[str, Any]], prices: Mapping[str, Any], *,
+                partial: bool = False, generated_at: datetime | None = None) -> dict[str, Any]:
+    """Everything the renderers show: rows, efficiency baseline, reference points, what is pending."""
+    rows = build_rows(sweep_points, records, prices)
+    mode, mixed_modes = sweep_scaling_mode(records)
+    instance_type, mixed_types = _common(r.get("instance_type") for r in rows if r["status"] == "success")
+    instance_type = instance_type or _common(r.get("instance_type") for r in rows)[0]
+    baseline = min((r["nodes"] for r in rows if r["efficiency"] is not None), default=None)
+    notes = []
+    if mixed_modes:
+        notes.append("the runs used different scaling modes: no efficiency computed")
+    if mixed_types:
+        notes.append("the successful runs used different instance types")
+    return {
+        "title": f"BERT-Large scaling on Trn1: sweep {sweep_id}",
+        "sweep_id": sweep_id,
+        "source_dag_id": source_dag_id,
+        "generated_at": (generated_at or datetime.now(timezone.utc)).isoformat(),
+        "partial": partial,
+        "scaling_mode": mode,
+        "instance_type": instance_type,
+        "points": [int(n) for n in sweep_points],
+        "baseline_nodes": baseline,
+        "efficiency_formula": EFFICIENCY_FORMULAS.get(mode or ""),
+        "rows": rows,
+        "references": [dict(ref) for ref in prices.get("references") or []
+                       if instance_type and ref.get("instance_type") == instance_type],
+        "pending": pending(rows),
+        "notes": notes,
+        "prices": {"source": prices.get("source"), "as_of": prices.get("as_of"), "file": prices.get("file")},
+    }

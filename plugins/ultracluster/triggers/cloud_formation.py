@@ -1,0 +1,82 @@
+"""CloudFormation stack wait: botocore's own waiters on the async client (aiobotocore)."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
+from airflow.triggers.base import TriggerEvent
+
+from ultracluster.hooks.network_stack import NetworkStackHook
+from ultracluster.tags import RUN_ID_TAG
+from ultracluster.triggers._kill_guard import should_delete_on_kill
+
+# Waiter name -> what a failure is called in the task log.
+_FAILURES = {"stack_create_complete": "Stack creation failed", "stack_delete_complete": "Stack deletion failed"}
+
+
+class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
+    """
+    Wait for ``stack_create_complete`` or ``stack_delete_complete`` (botocore's waiters).
+
+    Events: ``{"status": "success"|"error", "stack_name", "message"}``.
+
+    :param owner_run_id: with ``delete_on_kill``, killing the waiting task deletes the stack, but
+        only if its ``ultracluster:run-id`` tag is this run (a failed setup gets no teardown).
+    """
+
+    aws_hook_class = NetworkStackHook
+
+    def __init__(
+        self,
+        *,
+        stack_name: str,
+        waiter_name: str,
+        waiter_delay: int = 15,
+        waiter_max_attempts: int = 240,
+        owner_run_id: str | None = None,
+        delete_on_kill: bool = False,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        if waiter_name not in _FAILURES:
+            raise ValueError(f"waiter_name must be one of {sorted(_FAILURES)}, not {waiter_name!r}")
+        super().__init__(
+            serialized_fields={"stack_name": stack_name, "waiter_name": waiter_name,
+                               "owner_run_id": owner_run_id, "delete_on_kill": delete_on_kill},
+            waiter_name=waiter_name,
+            waiter_args={"StackName": stack_name},
+            failure_message=f"{_FAILURES[waiter_name]}: {stack_name}",
+            status_message=f"Stack {stack_name}",
+            status_queries=["Stacks[0].StackStatus", "Stacks[0].StackStatusReason"],
+            return_key="stack_name",
+            return_value=stack_name,
+            waiter_delay=waiter_delay,
+            waiter_max_attempts=waiter_max_attempts,
+            aws_conn_id=aws_conn_id,
+            **kwargs,
+        )
+        self.stack_name = stack_name
+        self.owner_run_id = owner_run_id
+        self.delete_on_kill = delete_on_kill
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        async for event in super().run():
+            message = event.payload.get("message")
+            yield TriggerEvent({**event.payload, "stack_name": self.stack_name, "message": message or ""})
+
+    async def on_kill(self) -> None:
+        if not await should_delete_on_kill(self, self.stack_name):
+            return
+        hook = self.hook()
+        async with await hook.get_async_conn() as client:
+            try:
+                stack = (await client.describe_stacks(StackName=self.stack_name))["Stacks"][0]
+                owner = {t["Key"]: t["Value"] for t in stack.get("Tags") or []}.get(RUN_ID_TAG)
+                if owner != self.owner_run_id:
+                    self.log.info("on_kill: stack %s belongs to run %r: left alone", self.stack_name, owner)
+                    return
+                await client.delete_stack(StackName=self.stack_name)
+                self.log.info("on_kill: deletion of stack %s started", self.stack_name)
+            except Exception as error:  # best effort: the stack stays visible in the console link
+                self.log.warning("on_kill: could not delete stack %s: %s", self.stack_name, error)

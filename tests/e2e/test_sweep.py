@@ -1,0 +1,118 @@
+"""Scaling sweeps under a real scheduler and triggerer: refused confs, and a backfilled 3-point sweep
+(one point per weekly tick) on the local UltraCluster, then its scaling report."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+
+import pytest
+
+from tests.e2e.conftest import DAG_ID, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, _s3, assert_nothing_left
+
+pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
+              pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
+
+REPORT_DAG_ID = "trn1_scaling_report"
+# Three consecutive weekly ticks (Sundays 00:00 UTC): each picks a different point.
+TICKS = ["2026-11-08T00:00:00Z", "2026-11-15T00:00:00Z", "2026-11-22T00:00:00Z"]
+SWEEP = {"id": "e2e-backfill", "num_nodes": [1, 2, 3], "scaling_mode": "weak"}
+# A bounded run per point: 12 of 40 steps, so time to train is extrapolated.
+SWEEP_CONF = {"sweep": SWEEP, "max_steps": 40, "steps_this_run": 12}
+
+
+def refused(api, method: str, path: str, body: dict) -> tuple[int, str]:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        api.call(method, path, body)
+    return err.value.code, err.value.read().decode()
+
+
+@pytest.mark.parametrize("sweep", [
+    {"id": "s1", "num_nodes": []},  # a sweep of 0 points
+    {"id": "s1", "num_nodes": [1, 2], "scaling_mode": "linear"},
+    {"id": "Bad Id", "num_nodes": [1]},
+])
+def test_bad_sweeps_are_refused_at_trigger_time(airflow_local, sweep):
+    api, _ = airflow_local
+    code, body = refused(api, "POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": {"sweep": sweep}})
+    assert code == 400, body
+    code, body = refused(api, "POST", "/api/v2/backfills", {
+        "dag_id": DAG_ID, "from_date": TICKS[0], "to_date": TICKS[-1], "dag_run_conf": {"sweep": sweep}})
+    assert code == 422, body
+
+
+def backfill_runs(api) -> list[dict]:
+    """The backfill's runs (a run does not name its backfill: its run type and logical date do)."""
+    runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
+    ticks = {tick.replace("Z", "+00:00") for tick in TICKS}
+    return [r for r in runs if (r.get("logical_date") or "").replace("Z", "+00:00") in ticks]
+
+
+def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_local, e2e_home):
+    api, env = airflow_local
+    api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+    api.call("PATCH", f"/api/v2/dags/{REPORT_DAG_ID}", {"is_paused": False})
+    api.call("POST", "/api/v2/backfills", {
+        "dag_id": DAG_ID, "from_date": TICKS[0], "to_date": TICKS[-1], "dag_run_conf": SWEEP_CONF,
+        "max_active_runs": 3, "reprocess_behavior": "none"})
+    deadline = time.monotonic() + 2 * RUN_TIMEOUT_S
+    while True:
+        runs = backfill_runs(api)
+        if len(runs) == 3 and all(r["state"] in ("success", "failed") for r in runs):
+            break
+        assert time.monotonic() < deadline, runs
+        time.sleep(5)
+    for run in runs:
+        states = api.task_states(DAG_ID, run["dag_run_id"])
+        assert states == {task: "success" for task in TASK_IDS}, (run["dag_run_id"], states)
+
+    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    results = {}
+    for run in runs:
+        xcom = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/taskInstances/"
+                               "collect_results/xcomEntries/return_value")
+        metrics = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+        assert metrics["sweep"]["id"] == SWEEP["id"] and metrics["time_to_train_extrapolated"] is True
+        key = metrics["artifacts_uri"].removeprefix("s3://ultracluster-artifacts/") + "results.json"
+        body = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read())
+        parameters = body["results"]["parameters"]
+        assert parameters["Sweep"]["num_nodes"] == parameters["Number of nodes"] == metrics["nodes"]
+        results[metrics["nodes"]] = body
+    assert sorted(results) == [1, 2, 3]  # three ticks, three distinct points
+
+    # The last run's results Asset event schedules the report; it reports once all three ended.
+    deadline = time.monotonic() + 300
+    while True:
+        reports = api.call("GET", f"/api/v2/dags/{REPORT_DAG_ID}/dagRuns?limit=100")["dag_runs"]
+        done = [r for r in reports if r["state"] == "success"
+                and api.task_states(REPORT_DAG_ID, r["dag_run_id"]).get("build_report") == "success"]
+        if done:
+            break
+        assert time.monotonic() < deadline, reports
+        time.sleep(5)
+    xcom = api.call("GET", f"/api/v2/dags/{REPORT_DAG_ID}/dagRuns/{done[-1]['dag_run_id']}/taskInstances/"
+                           "build_report/xcomEntries/return_value")
+    report = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    rows = {row["nodes"]: row for row in report["rows"]}
+    assert sorted(rows) == [1, 2, 3]
+    for nodes, body in results.items():
+        measured = {m["MetricName"]: m["MeasuredValue"] for m in body["results"]["metrics"]}
+        assert rows[nodes]["average_throughput_seq_per_s"] == pytest.approx(measured["Average throughput"])
+        assert rows[nodes]["final_loss"] == pytest.approx(measured["Final loss"])
+        assert rows[nodes]["world_size"] == body["results"]["parameters"]["World size"]
+    prefix = report["uri"].removeprefix("s3://ultracluster-artifacts/")
+    listed = {o["Key"].rsplit("/", 1)[-1]: o["Size"]
+              for o in s3.list_objects_v2(Bucket="ultracluster-artifacts", Prefix=prefix)["Contents"]}
+    assert {"report.md", "report.html", "report.json", "throughput.png"} <= set(listed), listed
+    png = s3.get_object(Bucket="ultracluster-artifacts", Key=f"{prefix.rstrip('/')}/throughput.png")["Body"].read()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+
+    # The backfill moved the schedule on: unpaused with catchup=False, Airflow also runs the latest
+    # weekly tick once (docs/operations.md). Let every run end, then nothing may be left.
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while any(r["state"] not in ("success", "failed")
+              for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]):
+        assert time.monotonic() < deadline
+        time.sleep(5)
+    api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+    assert_nothing_left(env, e2e_home)

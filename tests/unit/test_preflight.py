@@ -1,0 +1,85 @@
+"""preflight: the run's plan, the cross-field rules, the cost estimate and the sweep index (moto S3)."""
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from ultracluster.operators.preflight import PreflightOperator
+from ultracluster.profiles import load_profile
+from ultracluster.sweep import ORIGIN
+
+WEEK = timedelta(days=7)
+RUN_ID = "backfill__2026-11-15T00:00:00+00:00"
+SWEEP = {"id": "s1", "num_nodes": [1, 2, 3], "scaling_mode": "weak"}
+
+
+@pytest.fixture
+def s3(aws_conn):
+    empty_bucket(aws_conn, "ultracluster-artifacts")
+    return aws_conn
+
+
+def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_usd=None) -> dict:
+    op = PreflightOperator(task_id="preflight", schedule_period=WEEK, max_cost_usd=max_cost_usd,
+                           artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws")
+    context = {"params": params, "run_id": run_id, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
+               "logical_date": None if weeks is None else ORIGIN + weeks * WEEK}
+    return op.execute(context)
+
+
+def local(**changes) -> dict:
+    return {**load_profile("local"), "sweep": None, "max_cost_usd": None, **changes}
+
+
+def test_a_plain_run_plans_its_params_and_estimates_the_cost(s3):
+    result = run(local())
+    assert result["plan"]["num_nodes"] == 2 and result["plan"]["sweep_point"] is None
+    estimate = result["estimate"]
+    assert estimate["instance_type"] == "trn1.32xlarge" and estimate["usd"] > 0
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0  # no sweep, no index
+
+
+def test_a_backfilled_sweep_run_trains_its_point_and_is_indexed(s3, capsys):
+    result = run(local(sweep=SWEEP, max_nodes=2), weeks=2)  # tick 2: the third point
+    plan = result["plan"]
+    assert (plan["num_nodes"], plan["max_nodes"], plan["scaling_mode"]) == (3, 3, "weak")
+    assert "sweep s1: point 3/3 -> num_nodes=3" in capsys.readouterr().out  # the task log
+    key = "runs/sweeps/trn1_bert_pretrain/s1/runs/backfill-2026-11-15t00-00-00-00-00"
+    [listed] = s3.list_objects_v2(Bucket="ultracluster-artifacts")["Contents"]
+    assert listed["Key"].startswith(key) and listed["Key"].endswith(".json")
+    entry = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key=listed["Key"])["Body"].read())
+    assert (entry["run_id"], entry["point"]["index"], entry["plan"]["num_nodes"]) == (RUN_ID, 2, 3)
+    assert entry["estimate"] == json.loads(json.dumps(result["estimate"]))
+
+
+@pytest.mark.parametrize("params, message", [
+    (local(num_nodes=3, max_nodes=2), r"num_nodes \(3\) exceeds max_nodes \(2\)"),
+    (local(sweep={"id": "s1", "num_nodes": [1, 3], "scaling_mode": "strong"}, grad_accum_usteps=2),
+     r"divides grad_accum_usteps \(2\) by num_nodes \(3\)"),  # tick 1 picks 3 nodes
+    (local(sweep={"id": "s1", "num_nodes": [1, 2], "point": {"num_nodes": 4}}), "not one of its points"),
+])
+def test_a_bad_conf_fails_at_once_without_retries(s3, params, message):
+    # AirflowFailException: the task fails without using its retries.
+    with pytest.raises(AirflowFailException, match=message):
+        run(params, weeks=1)
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
+
+
+def test_a_sweep_run_without_a_logical_date_must_name_its_point(s3):
+    with pytest.raises(AirflowFailException, match="must name its point"):
+        run(local(sweep=SWEEP), weeks=None, run_id="manual__x")
+    assert run(local(sweep={**SWEEP, "point": {"num_nodes": 1}}), weeks=None,
+               run_id="manual__x")["plan"]["num_nodes"] == 1
+
+
+def test_the_cost_limit_fails_before_anything_is_created(s3):
+    estimate = run(local())["estimate"]["usd"]
+    assert run(local(), max_cost_usd=estimate + 1)["estimate"]["usd"] == estimate
+    with pytest.raises(AirflowFailException, match=rf"estimate \${estimate:.2f} exceeds the limit \$0.01"):
+        run(local(), max_cost_usd=0.01)

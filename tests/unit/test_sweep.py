@@ -1,0 +1,88 @@
+"""Sweep points and the run plan (ultracluster/sweep.py), and the `sweep` param's schema."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import jsonschema
+import pytest
+
+from ultracluster.sweep import (
+    ORIGIN, SWEEP_SCHEMA, SweepError, describe_point, run_plan, sweep_location, sweep_point, tick_index,
+)
+
+WEEK = timedelta(days=7)
+SWEEP = {"id": "s1", "num_nodes": [1, 2, 4, 8, 16], "scaling_mode": "weak"}
+
+
+def sunday(weeks_after_origin: int) -> datetime:
+    return ORIGIN + weeks_after_origin * WEEK
+
+
+@pytest.mark.parametrize("first", [0, 3, 117, 5000])
+def test_any_consecutive_ticks_cover_every_point_once(first):
+    chosen = [sweep_point(SWEEP, sunday(first + i), WEEK)["num_nodes"] for i in range(len(SWEEP["num_nodes"]))]
+    assert sorted(chosen) == sorted(SWEEP["num_nodes"])
+
+
+def test_a_longer_range_repeats_points_in_order():
+    chosen = [sweep_point(SWEEP, sunday(10 + i), WEEK)["index"] for i in range(7)]
+    assert chosen == [0, 1, 2, 3, 4, 0, 1]
+
+
+def test_the_weekly_schedule_ticks_are_whole_indexes():
+    # The DAG's @weekly ticks are Sundays 00:00 UTC; a backfill's logical dates are those ticks.
+    assert ORIGIN.weekday() == 6 and (ORIGIN.hour, ORIGIN.minute) == (0, 0)
+    assert tick_index(datetime(2026, 11, 29, tzinfo=timezone.utc), WEEK) == 204
+    assert tick_index(datetime(2026, 11, 29, 0, 0, 1, tzinfo=timezone.utc), WEEK) == 204
+    # Airflow hands tasks pendulum datetimes.
+    import pendulum
+
+    assert tick_index(pendulum.datetime(2026, 11, 29, tz="UTC"), WEEK) == 204
+
+
+def test_a_named_point_wins_and_must_be_one_of_the_points():
+    point = sweep_point({**SWEEP, "point": {"num_nodes": 8}}, sunday(0), WEEK)
+    assert (point["index"], point["count"], point["num_nodes"], point["chosen_by"]) == (3, 5, 8, "point")
+    with pytest.raises(SweepError, match="num_nodes=3 is not one of its points"):
+        sweep_point({**SWEEP, "point": {"num_nodes": 3}}, sunday(0), WEEK)
+    alone = sweep_point({"id": "s2", "point": {"num_nodes": 4}}, None, WEEK)
+    assert (alone["index"], alone["count"], alone["points"]) == (0, 1, [4])
+
+
+def test_a_sweep_run_without_a_logical_date_must_name_its_point():
+    with pytest.raises(SweepError, match="must name its point"):
+        sweep_point(SWEEP, None, WEEK)
+
+
+def test_the_plan_applies_the_point():
+    params = {"num_nodes": 16, "max_nodes": 4, "min_nodes": 0, "scaling_mode": "strong", "sweep": SWEEP}
+    plan = run_plan(params, sunday(4), WEEK)  # index 4: 16 nodes
+    assert (plan["num_nodes"], plan["max_nodes"], plan["scaling_mode"]) == (16, 16, "weak")
+    plan = run_plan(dict(params, max_nodes=32), sunday(1), WEEK)  # 2 nodes: max_nodes stays larger
+    assert (plan["num_nodes"], plan["max_nodes"]) == (2, 32)
+    assert describe_point(plan["sweep_point"]).startswith("sweep s1: point 2/5 -> num_nodes=2")
+    assert run_plan({"num_nodes": 3, "sweep": None}, None, WEEK) == {"num_nodes": 3, "sweep": None,
+                                                                    "sweep_point": None}
+
+
+@pytest.mark.parametrize("sweep, ok", [
+    (None, True),
+    (SWEEP, True),
+    ({"id": "s1", "point": {"num_nodes": 2}}, True),
+    ({"id": "s1", "num_nodes": []}, False),  # a sweep of 0 points
+    ({"id": "s1"}, False),  # neither points nor a point
+    ({"id": "S 1", "num_nodes": [1]}, False),  # the id goes into S3 keys
+    ({"id": "s1", "num_nodes": [1, 1]}, False),
+    ({"id": "s1", "num_nodes": [0]}, False),
+    ({"id": "s1", "num_nodes": [1], "scaling_mode": "linear"}, False),
+    ({"id": "s1", "num_nodes": [1], "nodes": [2]}, False),
+])
+def test_the_schema_refuses_bad_sweeps(sweep, ok):
+    validator = jsonschema.Draft7Validator(SWEEP_SCHEMA)
+    assert validator.is_valid(sweep) is ok
+
+
+def test_sweep_files_live_under_the_artifacts_prefix():
+    assert sweep_location("s3://bucket/runs", "sweeps", "trn1_bert_pretrain", "s1") == (
+        "bucket", "runs/sweeps/trn1_bert_pretrain/s1")
+    assert sweep_location("s3://bucket", "reports", "d", "s1") == ("bucket", "reports/d/s1")
