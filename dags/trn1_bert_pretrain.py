@@ -46,6 +46,10 @@ PCLUSTER_CONN_ID = "pcluster_default"
 SSH_CONN_ID = "ultracluster_head_node"
 
 PARAMS = dag_params(PROFILE)
+# The deployment's cap on Trn1 nodes alive at once, across every run (null: none). pcluster_create
+# checks it in a one-slot pool, so that two runs never check and create at the same time.
+MAX_LIVE_NODES = int(PROFILE["max_live_nodes"]) if PROFILE.get("max_live_nodes") not in (None, "") else None
+ADMISSION_POOL = "ultracluster_cluster_admission"
 SCHEDULE_PERIOD = timedelta(days=7)
 
 # Derived paths on shared storage (docs/contracts.md).
@@ -147,6 +151,8 @@ with DAG(
         region_name="{{ params.region }}",
         aws_conn_id=AWS_CONN_ID,
         poll_interval=PROFILE["cluster_poll_interval_s"],
+        max_live_nodes=MAX_LIVE_NODES,
+        **({"pool": ADMISSION_POOL} if MAX_LIVE_NODES else {}),
     )
 
     wait_for_fleet = ComputeFleetSensor(
@@ -193,6 +199,12 @@ with DAG(
     train = SlurmJobOperator(
         task_id="train",
         launcher=None,
+        # Cancel the job once its progress projects the run past max_cost_usd (null: no guard).
+        budget={
+            "max_usd": "{{ params.max_cost_usd }}",
+            "usd_per_hour": "{{ ti.xcom_pull(task_ids='preflight')['estimate']['usd_per_hour'] }}",
+            "since": "{{ ti.xcom_pull(task_ids='pcluster_create')['created_at'] }}",
+        },
         job_name="{{ dag.dag_id }}-train",
         **same_slurm_job,
     )

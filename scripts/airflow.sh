@@ -14,6 +14,8 @@ case "${1:-}" in
     if running && healthy; then echo "airflow: already up on http://127.0.0.1:$AIRFLOW_PORT"; exit 0; fi
     [ -f "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" ] || echo '{"admin": "admin"}' > "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
     "$venvs/airflow/bin/airflow" db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1
+    # pcluster_create's node-cap admission runs one at a time (docs/operations.md, Concurrency).
+    "$venvs/airflow/bin/airflow" pools set ultracluster_cluster_admission 1 "node cap admission: one pcluster_create checks and creates at a time" >>"$AIRFLOW_HOME/migrate.log" 2>&1
     setsid "$venvs/airflow/bin/airflow" standalone >"$AIRFLOW_HOME/standalone.log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
     for _ in $(seq 180); do healthy && break; running || break; sleep 1; done

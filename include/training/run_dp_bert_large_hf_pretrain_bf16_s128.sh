@@ -134,14 +134,27 @@ else
     master_addr=127.0.0.1
 fi
 # torchrun waits forever on a master it cannot resolve: refuse it here instead.
-getent hosts "$master_addr" >/dev/null || fail "master host '$master_addr' does not resolve"
+if [[ "$master_addr" =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then
+    master_ip="$master_addr"
+else
+    master_ip="$(getent hosts "$master_addr" | awk 'NR == 1 {print $1}')"
+fi
+[[ -n "$master_ip" ]] || fail "master host '$master_addr' does not resolve"
 if [[ -z "${MASTER_PORT:-}" ]]; then
     if (( on_trn1 )); then
         MASTER_PORT=2022
     else
-        # Local clusters share one network stack: a port per (master, job), above the
-        # ephemeral range and away from the local clusters' Slurm ports (20000+).
-        MASTER_PORT=$(( 61000 + $(printf '%s' "$master_addr:$job_id" | cksum | cut -d' ' -f1) % 4500 ))
+        # Local clusters share one network stack, and every one of them names its nodes alike
+        # and counts jobs from 1; the rendezvous listens on all addresses. So a port per (master
+        # IP, job), above the ephemeral range and away from the local clusters' Slurm ports
+        # (20000+). A master 127.x.S.y (S: its local cluster's slot) gets a block of 17 ports no
+        # other cluster uses, so clusters running at once never collide.
+        job_hash=$(printf '%s' "$job_id" | cksum | cut -d' ' -f1)
+        if [[ "$master_ip" =~ ^127\.[0-9]+\.([0-9]+)\.[0-9]+$ ]]; then
+            MASTER_PORT=$(( 61000 + BASH_REMATCH[1] * 17 + job_hash % 17 ))
+        else
+            MASTER_PORT=$(( 61000 + $(printf '%s' "$master_ip:$job_id" | cksum | cut -d' ' -f1) % 4500 ))
+        fi
     fi
 fi
 

@@ -190,6 +190,7 @@ def _start_creation(name: str, region: str, spec: ClusterSpec, config: dict[str,
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)   # nothing half-made survives a failed create
         raise
+    state.record("created", name, dict(tags))
     with state.update_state(name) as current:
         current.update(cloudformationStackArn=arn, configBucket=bucket, configKey=key)
         current["createWorkerPid"] = spawn("create", directory)

@@ -3,6 +3,8 @@
 <home>/clusters/<name>/cluster.json   what pcluster reports (status, ARN, times, tags, fleet)
 <home>/clusters/<name>/spec.json      the ClusterSpec the runtime reads
 <home>/locks/<name>.lock              flock for cluster.json (outlives the cluster dir on purpose)
+<home>/logs/clusters.jsonl            the ledger: one line per cluster created or deleted, kept after
+                                      the cluster (what was alive when, with its tags)
 """
 from __future__ import annotations
 
@@ -27,6 +29,22 @@ class ClusterExists(Exception):
 
 def uc_home() -> Path:
     return Path(os.environ.get("LOCAL_ULTRACLUSTER_HOME", DEFAULT_HOME))
+
+
+def ledger_path(home: Path | None = None) -> Path:
+    return (home or uc_home()) / "logs" / "clusters.jsonl"
+
+
+def record(event: str, name: str, tags: dict[str, str] | None = None, home: Path | None = None) -> None:
+    """Append ``{"time", "event": "created"|"deleted", "cluster", "tags"}`` to the ledger."""
+    from datetime import datetime, timezone
+
+    path = ledger_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"time": datetime.now(timezone.utc).isoformat(), "event": event, "cluster": name,
+                       "tags": tags or {}})
+    with open(path, "a") as out:  # one short write per line: appends do not interleave
+        out.write(line + "\n")
 
 
 def clusters_root(home: Path | None = None) -> Path:

@@ -162,6 +162,7 @@ def delete(cluster_dir: Path) -> int:
         LOG.error("AWS clean-up failed (stack or config left in moto):\n%s", traceback.format_exc())
     with state.cluster_lock(name, home):
         shutil.rmtree(cluster_dir, ignore_errors=True)
+    state.record("deleted", name, dict(saved.get("stackTags") or []), home)
     LOG.info("cluster %s deleted", name)
     return 0
 

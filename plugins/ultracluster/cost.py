@@ -133,4 +133,28 @@ def estimate(plan: dict[str, Any], prices: dict[str, Any], *, world_size: int | 
         "head_node_usd": cost["head_node_usd"] or 0.0, "fsx_usd": cost["fsx_usd"], "reference_seq_per_s": reference,
         "node_usd": cost["node_usd"], "train_hours": round(train_hours, 4), "overhead_hours": overhead_hours,
         "world_size": int(world_size), "global_batch": batch,
+        # What the running cluster costs an hour (nodes, head node, FSx): the budget guard's rate.
+        "usd_per_hour": round(cost["usd"] / hours, 4) if hours else None,
     }
+
+
+def budget_verdict(budget: dict[str, Any], eta_s: float | None, now: Any = None) -> str | None:
+    """The budget guard's decision on a progress line: None while the projected cost fits.
+
+    :param budget: ``{"max_usd", "usd_per_hour", "since"}``: the limit, the cluster's hourly cost and
+        when it started to bill (ISO-8601, the cluster's creation).
+    :param eta_s: the job's estimate of its remaining seconds.
+    :return: the reason to cancel: projected = (elapsed since ``since`` + ``eta_s``) x the rate.
+    """
+    from datetime import datetime, timezone
+
+    now = now or datetime.now(timezone.utc)
+    since = datetime.fromisoformat(str(budget["since"]).replace("Z", "+00:00"))
+    since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)
+    rate, limit = float(budget["usd_per_hour"]), float(budget["max_usd"])
+    spent = max(0.0, (now - since).total_seconds()) / 3600 * rate
+    left = max(0.0, float(eta_s or 0)) / 3600 * rate
+    if spent + left <= limit:
+        return None
+    return (f"budget guard: projected cost ${spent + left:.2f} (${spent:.2f} spent since {budget['since']}, "
+            f"${left:.2f} more to finish) exceeds max_cost_usd ${limit:.2f}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 DAG_ID_TAG = "ultracluster:dag-id"
 RUN_ID_TAG = "ultracluster:run-id"
+# The cluster's node count at most (its queues' MaxCount): the deployment's node cap adds these up.
+NODES_TAG = "ultracluster:nodes"
 
 
 def ownership_tags(dag_id: str, run_id: str) -> dict[str, str]:
@@ -19,3 +21,11 @@ def cluster_owner(description: dict) -> str | None:
     from ultracluster.parsers.pcluster import tags_dict
 
     return tags_dict(description).get(RUN_ID_TAG)
+
+
+def cluster_nodes(description: dict) -> int | None:
+    """The node count tagged on a cluster (NODES_TAG); None for a cluster without it."""
+    from ultracluster.parsers.pcluster import tags_dict
+
+    value = tags_dict(description).get(NODES_TAG)
+    return int(value) if value not in (None, "") and str(value).isdigit() else None

@@ -29,6 +29,7 @@ DATASET_KEY = f"training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/{DATAS
 TASK_IDS = {"preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
             "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"}
 RUN_TIMEOUT_S = 1200
+NODE_CAP = 4  # the shared Airflow's max_live_nodes
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 
 
@@ -165,7 +166,9 @@ def stop_airflow(env: dict[str, str]) -> None:
 @pytest.fixture(scope="session")
 def airflow_local(e2e_home: Path, moto_server: str, tmp_path_factory: pytest.TempPathFactory):
     """A real Airflow with the local profile, shared by the REST and browser tests; stopped afterwards."""
-    env = {**_deployment_env(e2e_home, moto_server), "ULTRACLUSTER_PROFILE": "local"}
+    # A node cap (docs/operations.md, Concurrency): a 2-node cluster and a 3-node one never overlap.
+    env = {**_deployment_env(e2e_home, moto_server), "ULTRACLUSTER_PROFILE": "local",
+           "ULTRACLUSTER_MAX_LIVE_NODES": str(NODE_CAP)}
     api, env = start_airflow(env, tmp_path_factory.mktemp("airflow-local"))
     try:
         api.wait_for_dag(DAG_ID)

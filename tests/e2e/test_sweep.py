@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, _s3, assert_nothing_left
+from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, _s3, assert_nothing_left
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -116,3 +116,22 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
         time.sleep(5)
     api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
     assert_nothing_left(env, e2e_home)
+    check_node_cap(e2e_home / "logs" / "clusters.jsonl")
+
+
+def check_node_cap(ledger) -> None:
+    """From the local cluster's own ledger: never more than NODE_CAP nodes' clusters alive at once.
+    The backfill starts its three points together, so without the cap the 3-node cluster (point 3)
+    would sit beside the two 2-node ones (points 1 and 2 keep the profile's max_nodes of 2): 7 nodes."""
+    alive, peak, sizes = {}, 0, []
+    for line in ledger.read_text().splitlines():
+        entry = json.loads(line)
+        nodes = int(entry["tags"].get("ultracluster:nodes") or 0)
+        if entry["event"] == "created":
+            alive[entry["cluster"]] = nodes
+            sizes.append(nodes)
+            peak = max(peak, sum(alive.values()))
+        else:
+            alive.pop(entry["cluster"], None)
+    assert 3 in sizes and peak <= NODE_CAP, (sizes, peak)
+    assert alive == {}, alive

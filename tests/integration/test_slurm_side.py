@@ -233,6 +233,28 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
         time.sleep(1)
     assert status.state == "CANCELLED", status
 
+    # The budget guard: the first progress line projects the run past max_cost_usd ($1 at $1 a
+    # second, the cluster billing since now): the job is cancelled and the task fails at once.
+    from datetime import datetime, timezone
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    guarded = SlurmJobOperator(task_id="train_budget", head_node=head, job_dir="/fsx/jobs/budget", num_nodes=1,
+                               job_env={**env, "STEP_SLEEP": "30"}, training_files_dir=str(training),
+                               deferrable=False, poll_interval=1,
+                               budget={"max_usd": 1.0, "usd_per_hour": 3600.0,
+                                       "since": datetime.now(timezone.utc).isoformat()})
+    with pytest.raises(AirflowFailException, match=r"budget guard: projected cost \$[0-9.]+ .* exceeds "
+                                                   r"max_cost_usd \$1\.00; job \d+ cancelled"):
+        guarded.execute(ctx("train_budget"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status = slurm.job_status(guarded._job_id, "/fsx/jobs/budget")
+        if status.terminal:
+            break
+        time.sleep(1)
+    assert status.state == "CANCELLED", status
+
 
 def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, name: str, tags: dict[str, str]):
     config = make_cluster_config(static=2, dynamic=0, tags={"local-ultracluster:provisioning-delay": "1", **tags})

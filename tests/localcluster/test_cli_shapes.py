@@ -290,6 +290,11 @@ def test_full_lifecycle_create_complete_fleet_delete(
 
     delete_and_wait(uc_env, uc_home, "lifecycle")
     assert not (uc_home / "slots").exists() or not list((uc_home / "slots").glob("*.json"))
+    # The ledger keeps what was alive when, with the cluster's tags, after the cluster is gone.
+    ledger = [json.loads(line) for line in (uc_home / "logs" / "clusters.jsonl").read_text().splitlines()]
+    mine = [e for e in ledger if e["cluster"] == "lifecycle"]
+    assert [e["event"] for e in mine] == ["created", "deleted"] and mine[0]["time"] < mine[1]["time"]
+    assert mine[0]["tags"]["parallelcluster:cluster-name"] == mine[1]["tags"]["parallelcluster:cluster-name"] == "lifecycle"
 
 
 def wait_for_fleet(env: dict[str, str], name: str, wanted: str, timeout: float = 120) -> None:

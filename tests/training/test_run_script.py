@@ -7,6 +7,7 @@ BERT with torchrun + gloo. tests/training/test_slurm_cluster.py runs the same th
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -70,6 +71,21 @@ def test_weak_scaling_accepts_a_node_count_strong_scaling_refuses(training_pytho
     done = run_script_once(env)
     assert done.returncode == 2
     assert "UC_ERROR master host 'no-such-host.invalid' does not resolve" in done.stdout
+
+
+def test_local_clusters_running_at_once_get_distinct_rendezvous_ports(data_dir, tmp_path):
+    """Every local cluster names its first node alike and counts jobs from 1; the rendezvous listens
+    on all addresses. The master's IP (127.100.<slot>.x) gives each cluster a port block of its own."""
+    ports = {}
+    for slot in (7, 8, 200):
+        # /bin/true stands in for the training Python: only the launch line matters here.
+        env = {**tiny_env(data_dir, tmp_path / f"out{slot}"), **slurm_env(1, 0, "1"),
+               "MASTER_ADDR": f"127.100.{slot}.11", "TRAINING_PYTHON": "/bin/true"}
+        done = run_script_once(env)
+        [info] = [line for line in done.stdout.splitlines() if line.startswith("UC_INFO node=")]
+        ports[slot] = int(re.search(r"master=127\.100\.\d+\.11:(\d+)", info).group(1))
+    assert len(set(ports.values())) == 3 and all(61000 <= p <= 65535 for p in ports.values())
+    assert {p - 17 * slot for slot, p in ports.items()} == {ports[7] - 17 * 7}  # one offset, the job's
 
 
 # ---------------------------------------------------------------- training across 2 nodes

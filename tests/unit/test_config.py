@@ -157,7 +157,9 @@ def test_render_uploads_a_valid_seed_layout(s3):
     access = {a["BucketName"]: a["EnableWriteAccess"] for a in config["HeadNode"]["Iam"]["S3Access"]}
     assert access == {"neuron-s3": False, "ultracluster-artifacts": True}
     tags = {t["Key"]: t["Value"] for t in config["Tags"]}
-    assert tags == {"team": "ml", "ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID}
+    assert tags == {"team": "ml", "ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID,
+                    "ultracluster:nodes": "16"}  # the node cap counts it
+    assert result["nodes"] == 16
     assert context["ti"].xcom["ultracluster_cluster_config"]["key"] == result["config_s3_key"]
 
 

@@ -207,6 +207,65 @@ def test_pcluster_errors_never_carry_a_presigned_url(env):
         assert "SIGVALUE" not in str(error.value) and "AKIAEXAMPLE" not in str(error.value), str(error.value)
 
 
+# --- the deployment's node cap ---------------------------------------------------------------------
+
+def other_runs_cluster(tmp_path, nodes: int) -> str:
+    """describe-cluster of another run's live cluster tagged with its node count (a recorded output)."""
+    from tests.fixtures.pcluster.fake_pcluster import FIXTURES
+
+    description = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
+    description["clusterName"] = "uc-other"
+    description["tags"] = [t for t in description["tags"] if t["key"] != "ultracluster:run-id"] + [
+        {"key": "ultracluster:run-id", "value": "manual__other"}, {"key": "ultracluster:nodes", "value": str(nodes)}]
+    path = tmp_path / "describe_other.json"
+    path.write_text(json.dumps(description))
+    listed = json.loads((FIXTURES / "list_clusters.json").read_text())
+    listed["clusters"].append({**listed["clusters"][0], "clusterName": "uc-other"})
+    (tmp_path / "list_other.json").write_text(json.dumps(listed))
+    return str(path)
+
+
+def test_a_cluster_over_the_node_cap_waits_without_creating(env, tmp_path):
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+    other = other_runs_cluster(tmp_path, nodes=2)
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), other)
+    env.respond("list-clusters", str(tmp_path / "list_other.json"))
+    op = create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=3)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    assert isinstance(deferred.value.trigger, TimeDeltaTrigger)
+    assert deferred.value.method_name == "admission_retry"
+    assert "create-cluster" not in env.verbs()
+    # Room now (the other cluster is gone): the retry creates.
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
+                ("error_describe_cluster_not_found.json", 1), "describe_cluster_create_in_progress.json")
+    env.respond("create-cluster", "create_cluster.json")
+    with pytest.raises(TaskDeferred) as waiting:
+        op.admission_retry(make_context(), None)
+    assert isinstance(waiting.value.trigger, ClusterStatusTrigger) and "create-cluster" in env.verbs()
+
+
+def test_a_cluster_that_fits_beside_the_others_is_created(env, tmp_path):
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), other_runs_cluster(tmp_path, 2),
+                "describe_cluster_create_in_progress.json")
+    env.respond("list-clusters", str(tmp_path / "list_other.json"))
+    env.respond("create-cluster", "create_cluster.json")
+    with pytest.raises(TaskDeferred):
+        create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=4).execute(make_context())
+    assert env.verbs() == ["describe-cluster", "list-clusters", "describe-cluster", "create-cluster",
+                           "describe-cluster"]
+
+
+def test_a_cluster_bigger_than_the_cap_fails_at_once(env):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    with pytest.raises(AirflowFailException, match="can hold 5 nodes, more than the deployment's cap of 4"):
+        create_op(cluster_config={**CONFIG, "nodes": 5}, max_live_nodes=4).execute(make_context())
+    assert env.verbs() == ["describe-cluster"]
+
+
 def test_success_event_returns_the_cluster(env):
     event = {"status": "success", "cluster_status": "CREATE_COMPLETE",
              "description": {"clusterName": "uc-test", "clusterStatus": "CREATE_COMPLETE", "region": REGION,

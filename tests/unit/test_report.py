@@ -39,6 +39,21 @@ def test_estimate_by_hand():
     assert cost["instance_type"] == "trn1.32xlarge" and cost["usd_per_node_hour"] == 21.50
 
 
+def test_the_budget_guard_projects_spent_plus_remaining():
+    from datetime import datetime, timedelta, timezone
+
+    from ultracluster.cost import budget_verdict
+
+    now = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+    budget = {"max_usd": 1000.0, "usd_per_hour": 344.0, "since": (now - timedelta(hours=2)).isoformat()}
+    assert budget_verdict(budget, eta_s=1800, now=now) is None  # $688 spent + $172 to finish
+    verdict = budget_verdict(budget, eta_s=3600 + 360, now=now)  # $688 spent + $378.40 to finish
+    assert verdict == ("budget guard: projected cost $1066.40 ($688.00 spent since "
+                       f"{budget['since']}, $378.40 more to finish) exceeds max_cost_usd $1000.00")
+    assert estimate(PRODUCTION_PLAN, PRICES)["usd_per_hour"] == pytest.approx(
+        16 * 21.50 + 0.68 + 1200 * 0.14 / 730, abs=0.01)
+
+
 def test_estimate_weak_scaling_local_world_size_and_overhead():
     plan = {**PRODUCTION_PLAN, "num_nodes": 2, "scaling_mode": "weak", "batch_size": 8, "grad_accum_usteps": 2,
             "steps_this_run": 40, "head_node_instance_type": "c5.xlarge"}

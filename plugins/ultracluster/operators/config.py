@@ -16,7 +16,7 @@ from airflow.sdk import BaseOperator
 
 from ultracluster.links import ClusterConfigLink
 from ultracluster.s3_uri import split_s3_uri
-from ultracluster.tags import ownership_tags
+from ultracluster.tags import NODES_TAG, ownership_tags
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -71,6 +71,17 @@ def compute_resource_name(instance_type: str) -> str:
 
 
 # --- cross-field checks --------------------------------------------------------------------------
+
+def node_count(value: Any) -> int:
+    """A rendered node count (templates render strings) as an int >= 1, or a clear error."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"num_nodes must be an integer, got {value!r}") from None
+    if count < 1:
+        raise ValueError(f"num_nodes must be >= 1, got {count}")
+    return count
+
 
 def validate_pipeline_params(params: dict[str, Any]) -> None:
     """Rules the params' JSON Schema cannot express; raises one error listing every problem."""
@@ -254,7 +265,10 @@ class RenderClusterConfigOperator(BaseOperator):
             if uri:
                 bucket = split_s3_uri(uri)[0]
                 buckets[bucket] = buckets.get(bucket, False) or write
-        tags = {**(self.extra_tags or {}), **ownership_tags(context["dag"].dag_id, context["run_id"])}
+        queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues)
+        # The most nodes the cluster can hold: what the deployment's node cap counts (tags.NODES_TAG).
+        nodes = sum(int(q["max_nodes"]) for q in queues)
+        tags = {**(self.extra_tags or {}), **ownership_tags(context["dag"].dag_id, context["run_id"]), NODES_TAG: nodes}
         network = self.network or {}
         return {
             "region": self.region_name,
@@ -267,7 +281,7 @@ class RenderClusterConfigOperator(BaseOperator):
             "key_name": self.key_name,
             "on_node_configured_s3_uri": on_node_configured_s3_uri,
             "s3_buckets": [{"name": b, "write": w} for b, w in buckets.items()],
-            "queues": build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues),
+            "queues": queues,
             "mount_dir": self.shared_storage_mount_dir,
             "fsx_storage_capacity_gib": int(self.fsx_storage_capacity_gib),
             "tags": [{"key": k, "value": str(v)} for k, v in tags.items()],
@@ -301,4 +315,5 @@ class RenderClusterConfigOperator(BaseOperator):
             "on_node_configured_s3_uri": f"s3://{bucket}/{script_key}",
             "queues": [q["name"] for q in template_context["queues"]],
             "training_queue": TRAINING_QUEUE,
+            "nodes": sum(int(q["max_nodes"]) for q in template_context["queues"]),
         }

@@ -19,6 +19,7 @@ from ultracluster.parsers.pcluster import (
     CREATE_COMPLETE,
     CREATE_FAILED,
     CREATE_IN_PROGRESS,
+    DELETE_COMPLETE,
     DELETE_IN_PROGRESS,
     UPDATE_COMPLETE,
     public_description,
@@ -70,7 +71,13 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     the task fails only once it is gone: a teardown does not run when its setup failed, so nobody
     else would, and delete_vpc must not start while the cluster still holds the network.
 
-    :param cluster_config: render_config's return value (``cluster_name``, ``bucket``, ``config_s3_key``).
+    :param cluster_config: render_config's return value (``cluster_name``, ``bucket``, ``config_s3_key``,
+        ``nodes``).
+    :param max_live_nodes: the deployment's cap on nodes alive at once, across every run (an account
+        derives it from its Trn1 vCPU quota); None: no cap. The cluster's ``nodes`` (its queues'
+        MaxCount) must fit beside those of every other tagged cluster in the region, or the task
+        waits (deferred) without creating anything. Run the task in a one-slot pool so that two
+        runs never check and create at the same time.
     Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
     "config_s3_uri"}``.
     """
@@ -90,9 +97,11 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         suppress_validators: list[str] | None = None,
         poll_interval: float = 30,
         max_attempts: int = 240,
+        max_live_nodes: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_live_nodes = max_live_nodes
         self.cluster_config = cluster_config
         self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
@@ -130,6 +139,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             self.log.info("Cluster %s of this run exists (%s): reattaching", self.cluster_name,
                           description.get("clusterStatus"))
         else:
+            self._admit(hook)  # defers while the node cap is full
             try:
                 self._create(hook)
             except ClusterAlreadyExistsError:
@@ -139,6 +149,43 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             if cluster_owner(description) != run_id:
                 raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
         return self._continue(context, hook, description)
+
+    def _admit(self, hook) -> None:
+        """Return when this cluster fits under the node cap; defer and look again when it does not."""
+        from datetime import timedelta
+
+        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from ultracluster.parsers.pcluster import ClusterNotFoundError
+        from ultracluster.tags import cluster_nodes
+
+        if not self.max_live_nodes:
+            return
+        mine = int(self.cluster_config.get("nodes") or 0)
+        if mine > self.max_live_nodes:
+            raise AirflowFailException(f"Cluster {self.cluster_name} can hold {mine} nodes, more than the "
+                                       f"deployment's cap of {self.max_live_nodes} nodes alive at once")
+        alive: dict[str, int] = {}
+        for cluster in hook.list_clusters():
+            name = cluster.get("clusterName")
+            if name == self.cluster_name or cluster.get("clusterStatus") == DELETE_COMPLETE:
+                continue
+            try:
+                alive[name] = cluster_nodes(hook.describe_cluster(name)) or 0
+            except ClusterNotFoundError:
+                continue
+        used = sum(alive.values())
+        if used + mine <= self.max_live_nodes:
+            self.log.info("Node cap: %d of %d nodes alive; this cluster's %d fit", used, self.max_live_nodes, mine)
+            return
+        self.log.info("Node cap: %d of %d nodes alive (%s); waiting for room for %d before creating %s",
+                      used, self.max_live_nodes, ", ".join(f"{n}: {c}" for n, c in sorted(alive.items())),
+                      mine, self.cluster_name)
+        self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.poll_interval)), method_name="admission_retry")
+
+    def admission_retry(self, context: Context, event: Any = None) -> dict:
+        return self.execute(context)
 
     def _create(self, hook) -> None:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook

@@ -17,12 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ultracluster import remote_commands
 from ultracluster.clock import iso as _iso
 from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.operators.config import node_count
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -75,6 +76,9 @@ class SlurmJobOperator(BaseOperator):
     :param progress_log_interval_s: at most one progress line per this many seconds in the task log.
     :param progress_log_every_steps: instead, one progress line every this many steps (None: by time).
         The first and last steps and loss spikes are always shown; the job's log keeps every line.
+    :param budget: ``{"max_usd", "usd_per_hour", "since"}``; a null ``max_usd`` turns it off. The
+        trigger cancels the job once its progress projects the run's cost past ``max_usd``, and the
+        task fails at once (no retry: a retry would only spend more).
     """
 
     template_fields: Sequence[str] = (
@@ -87,6 +91,7 @@ class SlurmJobOperator(BaseOperator):
         "training_files_dir",
         "job_name",
         "partition",
+        "budget",
     )
     ui_color = "#d4e6f1"
 
@@ -112,9 +117,11 @@ class SlurmJobOperator(BaseOperator):
         log_tail_lines: int = 40,
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
+        budget: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.budget = budget
         self.head_node = head_node
         self.job_dir = job_dir
         self.num_nodes = num_nodes
@@ -159,12 +166,7 @@ class SlurmJobOperator(BaseOperator):
         """Bad input fails here, before anything is submitted."""
         if not isinstance(self.head_node, Mapping):
             raise ValueError(f"head_node must be the dict wait_for_fleet returns, got {type(self.head_node).__name__}")
-        try:
-            self.num_nodes = int(self.num_nodes)
-        except (TypeError, ValueError):
-            raise ValueError(f"num_nodes must be an integer, got {self.num_nodes!r}") from None
-        if self.num_nodes < 1:
-            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        self.num_nodes = node_count(self.num_nodes)
         if not posixpath.isabs(self.job_dir):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
         if not isinstance(self.extra_job_env, Mapping):
@@ -310,7 +312,13 @@ class SlurmJobOperator(BaseOperator):
             outage_timeout=self.outage_timeout,
             progress_log_interval_s=self.progress_log_interval_s,
             progress_log_every_steps=self.progress_log_every_steps,
+            budget=self._budget(),
         )
+
+    def _budget(self) -> dict[str, Any] | None:
+        if not isinstance(self.budget, Mapping) or self.budget.get("max_usd") in (None, "", "None"):
+            return None
+        return {key: self.budget.get(key) for key in ("max_usd", "usd_per_hour", "since")}
 
     @staticmethod
     async def _first_event(trigger) -> dict[str, Any]:
@@ -325,6 +333,8 @@ class SlurmJobOperator(BaseOperator):
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
         log_path = self._log_path(job_id)
+        if event.get("status") == "budget":
+            raise AirflowFailException(str(event.get("message")))
         if event.get("status") != "success":
             raise AirflowException(self._failure_message(event, log_path))
         output_dir = posixpath.join(self._output_root(), f"output_{job_id}")

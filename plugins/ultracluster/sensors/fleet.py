@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.operators.config import node_count
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -65,12 +66,7 @@ class ComputeFleetSensor(BaseSensorOperator):
         self._pin: dict[str, Any] | None = None  # {"host_key", "cluster"}
 
     def _validate(self) -> None:
-        try:
-            self.num_nodes = int(self.num_nodes)
-        except (TypeError, ValueError):
-            raise ValueError(f"num_nodes must be an integer, got {self.num_nodes!r}") from None
-        if self.num_nodes < 1:
-            raise ValueError(f"num_nodes must be >= 1, got {self.num_nodes}")
+        self.num_nodes = node_count(self.num_nodes)
         if not self.cluster_name:
             raise ValueError("cluster_name is required")
 

@@ -43,6 +43,8 @@ class SlurmJobTrigger(BaseTrigger):
     :param progress_log_interval_s: at most one ``UC_PROGRESS`` line per this many seconds in the
         task log (the job's own log keeps every line).
     :param progress_log_every_steps: instead, one line every this many steps.
+    :param budget: ``{"max_usd", "usd_per_hour", "since"}`` (``cost.budget_verdict``): once a progress
+        line projects the run past ``max_usd``, the job is cancelled and the event says why.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class SlurmJobTrigger(BaseTrigger):
         outage_timeout: float = 900,
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
+        budget: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.head_node = dict(head_node)
@@ -75,6 +78,8 @@ class SlurmJobTrigger(BaseTrigger):
         self._throttle = parse.ProgressThrottle(
             interval_s=self.progress_log_interval_s, every_steps=self.progress_log_every_steps
         )
+        self.budget = dict(budget) if budget else None
+        self._over_budget: str | None = None
         self._last_progress: dict[str, Any] | None = None
         self._results_path: str | None = None
 
@@ -93,6 +98,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "outage_timeout": self.outage_timeout,
                 "progress_log_interval_s": self.progress_log_interval_s,
                 "progress_log_every_steps": self.progress_log_every_steps,
+                "budget": self.budget,
             },
         )
 
@@ -128,6 +134,10 @@ class SlurmJobTrigger(BaseTrigger):
                 continue
             if (progress := parse.parse_progress_line(line)) is not None:
                 self._last_progress = progress.to_dict()
+                if self.budget and not self._over_budget:
+                    from ultracluster.cost import budget_verdict
+
+                    self._over_budget = budget_verdict(self.budget, progress.eta_s)
                 for shown in self._throttle.offer(line, progress, now):
                     self.log.info("%s", shown)
                 continue
@@ -166,6 +176,11 @@ class SlurmJobTrigger(BaseTrigger):
                         # Read the log after the state: a finished job's last lines are then in.
                         await self._stream_log(slurm, conn, final=status.terminal)
                         last_contact, failures = time.monotonic(), 0
+                        if self._over_budget and not status.terminal:
+                            self.log.error("%s: cancelling job %s", self._over_budget, self.job_id)
+                            await slurm.ascancel(self.job_id, conn=conn)
+                            yield self._event("budget", message=f"{self._over_budget}; job {self.job_id} cancelled")
+                            return
                         if status.terminal:
                             yield self._event("success" if status.succeeded else "failed", **status.to_dict())
                             return
