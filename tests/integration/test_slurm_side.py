@@ -233,8 +233,9 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
         time.sleep(1)
     assert status.state == "CANCELLED", status
 
-    # The budget guard: the first progress line projects the run past max_cost_usd ($1 at $1 a
-    # second, the cluster billing since now): the job is cancelled and the task fails at once.
+    # The budget guard: the second progress line (the first one's ETA includes warm-up) projects
+    # the run past max_cost_usd ($1 at $1 a second, the cluster billing since now): the job is
+    # cancelled and the task fails at once.
     from datetime import datetime, timezone
 
     from airflow.sdk.exceptions import AirflowFailException

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from tests.fixtures.pcluster.fake_pcluster import FakePcluster
+from tests.fixtures.pcluster.fake_pcluster import FIXTURES, FakePcluster
 from ultracluster.operators.pcluster import CreateClusterOperator, DeleteClusterOperator
 from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterValidationError
 from ultracluster.triggers.pcluster import ClusterStatusTrigger
@@ -211,8 +211,6 @@ def test_pcluster_errors_never_carry_a_presigned_url(env):
 
 def other_runs_cluster(tmp_path, nodes: int) -> str:
     """describe-cluster of another run's live cluster tagged with its node count (a recorded output)."""
-    from tests.fixtures.pcluster.fake_pcluster import FIXTURES
-
     description = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
     description["clusterName"] = "uc-other"
     description["tags"] = [t for t in description["tags"] if t["key"] != "ultracluster:run-id"] + [
@@ -267,11 +265,15 @@ def test_a_cluster_bigger_than_the_cap_fails_at_once(env):
 
 
 def test_success_event_returns_the_cluster(env):
-    event = {"status": "success", "cluster_status": "CREATE_COMPLETE",
-             "description": {"clusterName": "uc-test", "clusterStatus": "CREATE_COMPLETE", "region": REGION,
-                             "headNode": {"publicIpAddress": "127.100.1.1"}}}
+    from ultracluster.parsers.pcluster import public_description
+
+    recorded = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
+    # The trigger's event carries the public description: its creation time too (the budget guard's
+    # "since" and the report's cluster wall time come from it).
+    event = {"status": "success", "cluster_status": "CREATE_COMPLETE", "description": public_description(recorded)}
     result = create_op().execute_complete(make_context(), event)
-    assert result["head_node"]["publicIpAddress"] == "127.100.1.1" and result["config_s3_uri"] == CONFIG["config_s3_uri"]
+    assert result["head_node"] == recorded["headNode"] and result["config_s3_uri"] == CONFIG["config_s3_uri"]
+    assert result["created_at"] == recorded["creationTime"] == "2026-11-30T08:01:16.101Z"
     assert env.calls() == []
 
 

@@ -196,6 +196,24 @@ def test_natively_rendered_values_go_to_the_job_as_json(training_dir):
     assert f"SWEEP_POINT={json.dumps(point, sort_keys=True)}" in words and "NOTHING=" in words
 
 
+def test_the_budget_guard_skips_the_warm_up_line_and_needs_its_inputs(training_dir):
+    from ultracluster.triggers.slurm import SlurmJobTrigger
+
+    since = "2026-12-01T00:00:00+00:00"  # hours ago: at $3600/h any ETA is over a $1 budget
+    trigger = SlurmJobTrigger(head_node={"cluster_name": "c", "address": "127.0.0.1"}, ssh_conn_id="x",
+                              job_id="7", job_dir="/fsx/j", log_path="/fsx/j/slurm-7.out",
+                              budget={"max_usd": 1.0, "usd_per_hour": 3600.0, "since": since})
+    line = "UC_PROGRESS step={} total=100 loss=7.000000 lr=0.000100 throughput=10.00 eta_s=60\n"
+    trigger._consume_log(-1, line.format(1).encode(), 1 << 20)
+    assert trigger._over_budget is None  # the first line's ETA includes warm-up
+    trigger._consume_log(-1, line.format(2).encode(), 1 << 20)
+    assert trigger._over_budget.startswith("budget guard: projected cost $")
+    # A guard without its rate or start (e.g. no creation time) is off, not a crash of the training.
+    off = operator(ReplayHeadNode(), training_dir, budget={"max_usd": 5.0, "usd_per_hour": None, "since": since})
+    assert off._budget() is None
+    assert operator(ReplayHeadNode(), training_dir, budget={"max_usd": None})._budget() is None
+
+
 def test_reattaches_by_name_without_submitting(training_dir):
     name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     replay = ReplayHeadNode(squeue=[CommandResult(0, squeue_line("40", name, "FAILED").stdout + squeue_line("41", name, "RUNNING").stdout, "")])

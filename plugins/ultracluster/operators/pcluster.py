@@ -297,7 +297,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
             "cloudformation_stack_arn": public.get("cloudformationStackArn"),
             "head_node": public.get("headNode") or {},
             "config_s3_uri": self.cluster_config.get("config_s3_uri"),
-            "created_at": description.get("creationTime"),
+            "created_at": public.get("creationTime"),
         }
 
     def on_kill(self) -> None:

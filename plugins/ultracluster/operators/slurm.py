@@ -318,7 +318,13 @@ class SlurmJobOperator(BaseOperator):
     def _budget(self) -> dict[str, Any] | None:
         if not isinstance(self.budget, Mapping) or self.budget.get("max_usd") in (None, "", "None"):
             return None
-        return {key: self.budget.get(key) for key in ("max_usd", "usd_per_hour", "since")}
+        budget = {key: self.budget.get(key) for key in ("max_usd", "usd_per_hour", "since")}
+        if any(budget[key] in (None, "", "None") for key in ("usd_per_hour", "since")):
+            # A guard that cannot project must not fail the training it guards: say so, run on.
+            self.log.warning("Budget guard off: max_cost_usd is set but the rate or the cluster's "
+                             "creation time is unknown (%s)", budget)
+            return None
+        return budget
 
     @staticmethod
     async def _first_event(trigger) -> dict[str, Any]:

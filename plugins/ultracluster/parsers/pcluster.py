@@ -27,7 +27,7 @@ STACK_CREATE_FAILED = (CREATE_FAILED, "ROLLBACK_IN_PROGRESS", "ROLLBACK_COMPLETE
 # Keys of describe-cluster kept in events and XCom: clusterConfiguration.url is a presigned S3 URL.
 _DESCRIPTION_KEYS = (
     "clusterName", "clusterStatus", "cloudFormationStackStatus", "cloudformationStackArn", "region",
-    "version", "computeFleetStatus", "headNode", "tags", "failures", "scheduler",
+    "version", "computeFleetStatus", "headNode", "tags", "failures", "scheduler", "creationTime",
 )
 
 # pcluster's wording when a cluster is gone (or never existed).

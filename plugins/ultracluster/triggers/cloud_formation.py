@@ -61,9 +61,14 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
         self.delete_on_kill = delete_on_kill
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        async for event in super().run():
-            message = event.payload.get("message")
-            yield TriggerEvent({**event.payload, "stack_name": self.stack_name, "message": message or ""})
+        try:
+            async for event in super().run():
+                message = event.payload.get("message")
+                yield TriggerEvent({**event.payload, "stack_name": self.stack_name, "message": message or ""})
+        except Exception as error:  # an endpoint or credentials error: the task still cleans up
+            self.log.exception("Waiting for stack %s failed", self.stack_name)
+            yield TriggerEvent({"status": "error", "stack_name": self.stack_name,
+                                "message": f"{type(error).__name__}: {error}"})
 
     async def on_kill(self) -> None:
         if not await should_delete_on_kill(self, self.stack_name):

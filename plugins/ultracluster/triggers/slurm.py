@@ -80,6 +80,7 @@ class SlurmJobTrigger(BaseTrigger):
         )
         self.budget = dict(budget) if budget else None
         self._over_budget: str | None = None
+        self._progress_seen = 0
         self._last_progress: dict[str, Any] | None = None
         self._results_path: str | None = None
 
@@ -134,7 +135,10 @@ class SlurmJobTrigger(BaseTrigger):
                 continue
             if (progress := parse.parse_progress_line(line)) is not None:
                 self._last_progress = progress.to_dict()
-                if self.budget and not self._over_budget:
+                self._progress_seen += 1
+                # Not on the first line seen: its ETA comes from a step that includes warm-up
+                # (graph load, compile) and overstates the rest of the run many times over.
+                if self.budget and not self._over_budget and self._progress_seen > 1:
                     from ultracluster.cost import budget_verdict
 
                     self._over_budget = budget_verdict(self.budget, progress.eta_s)
