@@ -28,7 +28,8 @@ from ultracluster.operators.config import (
     vpc_stack_name_for,
 )
 from ultracluster.operators.dataset import DownloadDatasetOperator
-from ultracluster.operators.pcluster import CreateClusterOperator, DeleteClusterOperator
+from ultracluster.operators.pcluster import CreateClusterOperator
+from ultracluster.operators.pcluster_delete import DeleteClusterOperator
 from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.operators.results import CollectResultsOperator
 from ultracluster.operators.slurm import SlurmJobOperator
@@ -225,6 +226,10 @@ with DAG(
         pcluster_conn_id=PCLUSTER_CONN_ID,
         region_name="{{ params.region }}",
         poll_interval=PROFILE["cluster_poll_interval_s"],
+        # Bills the run from EC2 once the cluster is gone; written beside collected results.
+        aws_conn_id=AWS_CONN_ID,
+        results_uri="{{ (ti.xcom_pull(task_ids='collect_results') or {}).get('artifacts_uri') }}",
+        fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
     )
 
     delete_vpc = DeleteVpcStackOperator(

@@ -4,16 +4,22 @@ venvs=$repo/.venvs
 export LOCAL_ULTRACLUSTER_HOME=${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}
 export AWS_ENDPOINT_URL=${AWS_ENDPOINT_URL:-http://127.0.0.1:5055}
 export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
-# `airflow standalone` starts its components as `airflow ...` from PATH.
 export PATH=$venvs/airflow/bin:$PATH
+export AIRFLOW_BIN=$venvs/airflow/bin/airflow
 export AIRFLOW_HOME=${AIRFLOW_HOME:-$repo/.airflow}
 export AIRFLOW_PORT=${AIRFLOW_PORT:-8080}
 export AIRFLOW__CORE__DAGS_FOLDER=$repo/dags
 # The package is installed (entry point); an empty plugins folder avoids loading it twice.
 export AIRFLOW__CORE__PLUGINS_FOLDER=$AIRFLOW_HOME/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
+# Metadata on PostgreSQL (scripts/postgres.sh): SQLite locks under a backfill beside running DAGs.
+export ULTRACLUSTER_PG_HOME=${ULTRACLUSTER_PG_HOME:-$LOCAL_ULTRACLUSTER_HOME/postgres}
+export ULTRACLUSTER_PG_PORT=${ULTRACLUSTER_PG_PORT:-5433}
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD="cat $ULTRACLUSTER_PG_HOME/airflow.conn"
+# LocalExecutor on 2 cores: tasks mostly wait on remote work or defer, so 6 slots are enough.
 export AIRFLOW__CORE__EXECUTOR=LocalExecutor
 export AIRFLOW__CORE__PARALLELISM=6
+export AIRFLOW__API__WORKERS=2
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$AIRFLOW_PORT
 export AIRFLOW__API__BASE_URL=http://127.0.0.1:$AIRFLOW_PORT

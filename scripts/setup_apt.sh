@@ -10,6 +10,7 @@ packages=(
   python3 python3-venv python3-dev                # venvs (Python 3.11 on Debian 12)
   make git
   chromium fonts-liberation                      # the browser tests drive Debian's chromium (Playwright, no download)
+  postgresql                                      # Airflow's metadata database (scripts/postgres.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -18,7 +18,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from .shapes import PCLUSTER_VERSION
+from .shapes import PCLUSTER_VERSION, iso_time
 
 CONFIG_NAME = "cluster-config.yaml"
 HOME_PARAMETER = "LocalUltraClusterHome"
@@ -41,22 +41,54 @@ class NotLoopback(Exception):
     """The endpoint would send traffic off this machine."""
 
 
-def endpoint_url() -> str:
+def endpoint_url(url: str | None = None) -> str:
     """moto's URL; the local UltraCluster never talks to anything off loopback (127.0.0.0/8)."""
-    url = os.environ.get("AWS_ENDPOINT_URL") or DEFAULT_ENDPOINT
+    url = url or os.environ.get("AWS_ENDPOINT_URL") or DEFAULT_ENDPOINT
     if not (urlparse(url).hostname or "").startswith("127."):
         raise NotLoopback(f"AWS_ENDPOINT_URL={url} is not a loopback address: the local UltraCluster only "
                           "talks to a moto server on 127.0.0.0/8")
     return url
 
 
+# Any AMI id does for moto; instances record node lives, they run nothing.
+LOCAL_AMI = "ami-0ac1057e1a5e1a5e1"
+LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+
+
 class Aws:
-    def __init__(self, region: str) -> None:
+    def __init__(self, region: str, endpoint: str | None = None) -> None:
         self.region = region
-        self._session = boto3.session.Session(region_name=region)
+        self.endpoint = endpoint_url(endpoint)
+        # Slurm's power programs run with a bare environment: moto takes any credentials.
+        self._session = boto3.session.Session(
+            region_name=region,
+            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or "local-ultracluster",
+            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or "local-ultracluster")
 
     def client(self, service: str) -> Any:
-        return self._session.client(service, endpoint_url=endpoint_url(), config=_FAST_FAIL)
+        return self._session.client(service, endpoint_url=self.endpoint, config=_FAST_FAIL)
+
+    def run_instance(self, cluster_name: str, node_type: str, instance_type: str, hostname: str,
+                     queue: str | None = None, resource: str | None = None) -> tuple[str, str]:
+        """An EC2 instance tagged as pcluster tags a node: (instance id, launch time ISO-8601)."""
+        tags = {"Name": hostname, "parallelcluster:cluster-name": cluster_name, "parallelcluster:node-type": node_type}
+        if queue:
+            tags.update({"parallelcluster:queue-name": queue, "parallelcluster:compute-resource-name": resource or ""})
+        launched = self.client("ec2").run_instances(
+            ImageId=LOCAL_AMI, InstanceType=instance_type, MinCount=1, MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance",
+                                "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])["Instances"][0]
+        return launched["InstanceId"], iso_time(launched["LaunchTime"])
+
+    def live_cluster_instances(self, cluster_name: str) -> list[str]:
+        pages = self.client("ec2").get_paginator("describe_instances").paginate(Filters=[
+            {"Name": "tag:parallelcluster:cluster-name", "Values": [cluster_name]},
+            {"Name": "instance-state-name", "Values": LIVE_STATES}])
+        return [i["InstanceId"] for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+    def terminate_instances(self, instance_ids: list[str]) -> None:
+        if instance_ids:
+            self.client("ec2").terminate_instances(InstanceIds=list(instance_ids))
 
     # --- lookups used by validation -------------------------------------------------------
     def key_pair_exists(self, key_name: str) -> bool:

@@ -154,6 +154,8 @@ def delete(cluster_dir: Path) -> int:
         _rewrite_state(cluster_dir, saved, "DELETE_IN_PROGRESS")
     aws = Aws(saved["region"])
     try:
+        # As the cluster stack's delete does: the head node and any compute node still up.
+        aws.terminate_instances(aws.live_cluster_instances(name))
         aws.delete_stack(name)
         if saved.get("configBucket"):
             aws.delete_config(saved["configBucket"], saved["configKey"])

@@ -23,6 +23,10 @@ DEFAULT_OVERHEAD_HOURS = 0.5
 WORKERS_PER_NODE = {"trn1.32xlarge": 32, "trn1n.32xlarge": 32, "trn1.2xlarge": 2}
 
 
+# In place of a prices file that cannot be read: hours still count, every cost is unknown (None).
+NO_PRICES: dict[str, Any] = {"instances": {}, "fsx_lustre_scratch2_usd_per_gb_month": 0, "hours_per_month": 730}
+
+
 class PriceError(ValueError):
     """The prices file is missing or malformed, or has no price the computation needs."""
 
@@ -78,6 +82,45 @@ def run_cost(instance_type: str | None, node_hours: float | None, head_node_type
     usd = None if node_usd is None else node_usd + (head_usd or 0.0) + (fsx_usd or 0.0)
     return {"usd": _money(usd), "node_usd": _money(node_usd), "head_node_usd": _money(head_usd),
             "fsx_usd": _money(fsx_usd)}
+
+
+def instance_usage(lives: list[dict[str, Any]], prices: dict[str, Any],
+                   fsx_gib: float | None = None) -> dict[str, Any]:
+    """What a cluster used and cost, from its instances' own lives (``parsers.ec2.instance_life``).
+
+    Each instance bills its hours at its type's price; FSx bills the head node's life (the head node
+    lives as long as the cluster). ``unpriced_types`` lists types the prices file lacks: their hours
+    count, their cost does not, and ``usd`` is None when a compute type is unpriced.
+    :return: ``{"basis": "ec2_instances", "instances", "instance_hours", "compute_node_hours",
+        "head_node_hours", "compute_usd", "head_node_usd", "fsx_usd", "usd", "unpriced_types",
+        "unended"}`` (hours to 4 places, USD to cents); ``unended``: instances counted up to now.
+    """
+    hours = {"Compute": 0.0, "HeadNode": 0.0, "other": 0.0}
+    usd = {"Compute": 0.0, "HeadNode": 0.0, "other": 0.0}
+    unpriced: set[str] = set()
+    for life in lives:
+        kind = life["node_type"] if life["node_type"] in ("Compute", "HeadNode") else "other"
+        spent = float(life.get("hours") or 0.0)
+        hours[kind] += spent
+        rate = _hourly(prices, life.get("instance_type"))
+        if rate is None:
+            unpriced.add(str(life.get("instance_type")))
+        else:
+            usd[kind] += spent * rate
+    fsx_usd = None
+    if fsx_gib and hours["HeadNode"]:
+        fsx_usd = (float(fsx_gib) * float(prices["fsx_lustre_scratch2_usd_per_gb_month"]) * hours["HeadNode"]
+                   / float(prices["hours_per_month"]))
+    compute_unpriced = any(_hourly(prices, life.get("instance_type")) is None
+                           for life in lives if life["node_type"] == "Compute")
+    total = None if compute_unpriced else sum(usd.values()) + (fsx_usd or 0.0)
+    return {
+        "basis": "ec2_instances", "instances": len(lives),
+        "instance_hours": round(sum(hours.values()), 4), "compute_node_hours": round(hours["Compute"], 4),
+        "head_node_hours": round(hours["HeadNode"], 4), "compute_usd": _money(usd["Compute"]),
+        "head_node_usd": _money(usd["HeadNode"]), "fsx_usd": _money(fsx_usd), "usd": _money(total),
+        "unpriced_types": sorted(unpriced), "unended": sum(1 for life in lives if life.get("ended") != "yes"),
+    }
 
 
 def global_batch(plan: dict[str, Any], world_size: int) -> int:

@@ -75,14 +75,16 @@ def sweep_point(sweep: dict | None, logical_date: datetime | None, period: timed
 
 
 def run_plan(params: dict[str, Any], logical_date: datetime | None, period: timedelta) -> dict[str, Any]:
-    """The params this run trains with: a sweep point sets num_nodes (and max_nodes when smaller)
-    and the sweep's scaling_mode. Every later task reads the plan, never the raw params."""
+    """The params this run trains with: a sweep point sets num_nodes, sizes the cluster to it
+    (max_nodes = the point, or min_nodes when that is larger) and sets the sweep's scaling_mode.
+    Each point has a cluster of its own, so a larger MaxCount would never be used, yet would count
+    against the node cap (which adds up MaxCounts). Every later task reads the plan, never the params."""
     plan = dict(params)
     point = sweep_point(params.get("sweep"), logical_date, period)
     if point:
         plan["num_nodes"] = point["num_nodes"]
-        if isinstance(plan.get("max_nodes"), int) and plan["max_nodes"] < point["num_nodes"]:
-            plan["max_nodes"] = point["num_nodes"]
+        min_nodes = plan.get("min_nodes") if isinstance(plan.get("min_nodes"), int) else 0
+        plan["max_nodes"] = max(point["num_nodes"], min_nodes)
         if point["scaling_mode"]:
             plan["scaling_mode"] = point["scaling_mode"]
     plan["sweep_point"] = point

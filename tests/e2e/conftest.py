@@ -2,8 +2,8 @@
 
     e2e_home      one local UltraCluster home (moto, buckets, key pair, the dataset in moto)
     deployment    the environment an Airflow process needs to run trn1_bert_pretrain against it
-    airflow_local a real Airflow (api-server, scheduler, dag-processor, triggerer) started by
-                  scripts/airflow.sh, as `make up` starts it, on a free loopback port
+    airflow_local a real Airflow (api-server, scheduler, dag-processor, triggerer on PostgreSQL)
+                  started by scripts/airflow.sh, as `make up` starts it, on free loopback ports
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -149,10 +150,17 @@ def start_airflow(env: dict[str, str], home: Path) -> tuple[AirflowApi, dict[str
     home.mkdir(parents=True, exist_ok=True)
     password = f"e2e-{port}"
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
-    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW_PORT": str(port)}
+    # Its own PostgreSQL, stopped and removed with Airflow. Under /tmp and searchable: the postgres
+    # user cannot reach pytest's tmp dirs.
+    pg_home = Path(tempfile.mkdtemp(prefix="uc-pg-", dir="/tmp"))
+    pg_home.chmod(0o755)
+    env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW_PORT": str(port),
+           "ULTRACLUSTER_PG_HOME": str(pg_home), "ULTRACLUSTER_PG_PORT": str(free_port())}
     done = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh"), "start"], env=env,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    if done.returncode != 0:
+        stop_airflow(env)
+        pytest.fail(f"scripts/airflow.sh start failed: {done.stdout}{done.stderr}")
     api = AirflowApi(f"http://127.0.0.1:{port}", password)
     api.login()
     return api, env
@@ -161,6 +169,7 @@ def start_airflow(env: dict[str, str], home: Path) -> tuple[AirflowApi, dict[str
 def stop_airflow(env: dict[str, str]) -> None:
     subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh"), "stop"], env=env, capture_output=True,
                    timeout=120)
+    shutil.rmtree(env["ULTRACLUSTER_PG_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
 
 
-def ultracluster(base: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+def ultracluster(base: str, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ULTRACLUSTER_AIRFLOW_")}
     return subprocess.run([str(VENVS / "airflow" / "bin" / "ultracluster"), "--url", base, *args],
-                          env={**clean, **env}, capture_output=True, text=True, timeout=60)
+                          env={**clean, **env}, capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_cli_against_a_real_airflow(airflow_local):

@@ -9,6 +9,7 @@ import urllib.error
 import pytest
 
 from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, _s3, assert_nothing_left
+from tests.e2e.test_cli_e2e import ultracluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -48,10 +49,20 @@ def backfill_runs(api) -> list[dict]:
     return [r for r in runs if (r.get("logical_date") or "").replace("Z", "+00:00") in ticks]
 
 
-def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_local, e2e_home):
+@pytest.fixture
+def unpaused(airflow_local):
+    """Both DAGs unpaused for the test, paused again whatever happens: the browser test shares
+    this Airflow and must not meet a scheduled run left behind."""
+    api, _ = airflow_local
+    for dag_id in (DAG_ID, REPORT_DAG_ID):
+        api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    yield
+    for dag_id in (DAG_ID, REPORT_DAG_ID):
+        api.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
+
+def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_local, e2e_home, unpaused):
     api, env = airflow_local
-    api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
-    api.call("PATCH", f"/api/v2/dags/{REPORT_DAG_ID}", {"is_paused": False})
     api.call("POST", "/api/v2/backfills", {
         "dag_id": DAG_ID, "from_date": TICKS[0], "to_date": TICKS[-1], "dag_run_conf": SWEEP_CONF,
         "max_active_runs": 3, "reprocess_behavior": "none"})
@@ -77,6 +88,10 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
         body = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read())
         parameters = body["results"]["parameters"]
         assert parameters["Sweep"]["num_nodes"] == parameters["Number of nodes"] == metrics["nodes"]
+        # delete_cluster billed the run from EC2: the head node and each compute node that came up.
+        usage = body["usage"]
+        assert usage["basis"] == "ec2_instances" and usage["unended"] == 0, usage
+        assert usage["instances"] >= 1 + metrics["nodes"] and usage["compute_node_hours"] > 0 and usage["usd"] > 0
         results[metrics["nodes"]] = body
     assert sorted(results) == [1, 2, 3]  # three ticks, three distinct points
 
@@ -100,6 +115,7 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
         assert rows[nodes]["average_throughput_seq_per_s"] == pytest.approx(measured["Average throughput"])
         assert rows[nodes]["final_loss"] == pytest.approx(measured["Final loss"])
         assert rows[nodes]["world_size"] == body["results"]["parameters"]["World size"]
+        assert (rows[nodes]["cost_basis"], rows[nodes]["cost_usd"]) == ("ec2_instances", body["usage"]["usd"])
     prefix = report["uri"].removeprefix("s3://ultracluster-artifacts/")
     listed = {o["Key"].rsplit("/", 1)[-1]: o["Size"]
               for o in s3.list_objects_v2(Bucket="ultracluster-artifacts", Prefix=prefix)["Contents"]}
@@ -114,7 +130,6 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
               for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]):
         assert time.monotonic() < deadline
         time.sleep(5)
-    api.call("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
     assert_nothing_left(env, e2e_home)
     check_node_cap(e2e_home / "logs" / "clusters.jsonl")
 
@@ -122,7 +137,7 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
 def check_node_cap(ledger) -> None:
     """From the local cluster's own ledger: never more than NODE_CAP nodes' clusters alive at once.
     The backfill starts its three points together, so without the cap the 3-node cluster (point 3)
-    would sit beside the two 2-node ones (points 1 and 2 keep the profile's max_nodes of 2): 7 nodes."""
+    would sit beside the 1- and 2-node ones (each point's cluster is sized to it): 6 nodes."""
     alive, peak, sizes = {}, 0, []
     for line in ledger.read_text().splitlines():
         entry = json.loads(line)
@@ -135,3 +150,52 @@ def check_node_cap(ledger) -> None:
             alive.pop(entry["cluster"], None)
     assert 3 in sizes and peak <= NODE_CAP, (sizes, peak)
     assert alive == {}, alive
+
+
+def xcom(api, dag_id: str, run_id: str, task_id: str):
+    value = api.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
+                            "return_value")["value"]
+    return value if not isinstance(value, str) else json.loads(value)
+
+
+def test_a_client_fan_out_shares_one_network_and_reports_like_a_backfill(airflow_local, e2e_home, unpaused):
+    """`ultracluster sweep --via runs`: one network for both points (trn1_sweep_network), one run per
+    point naming its point, the network deleted after the last; `ultracluster report` gives the rows
+    of the runs' results.json, as the backfilled sweep's report does."""
+    api, env = airflow_local
+    done = ultracluster(api.base, "--password", api.password, "sweep", "--id", "e2e-fanout", "--nodes", "1,2",
+                        "--mode", "weak", "--param", "max_steps=40", "--param", "steps_this_run=12",
+                        "--poll-interval", "5", "--timeout", str(RUN_TIMEOUT_S), timeout=RUN_TIMEOUT_S + 120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    lines = done.stdout.splitlines()
+    network_run = next(line.rsplit(" run ", 1)[1] for line in lines if "shared network: trn1_sweep_network run" in line)
+    point_runs = {int(line.split("num_nodes=")[1].split()[0]): line.rsplit(" run ", 1)[1]
+                  for line in lines if line.startswith("sweep e2e-fanout: num_nodes=")}
+    assert sorted(point_runs) == [1, 2], done.stdout
+    assert api.task_states("trn1_sweep_network", network_run) == {
+        "create_vpc": "success", "hold_network": "success", "delete_vpc": "success"}
+    vpc_id = xcom(api, "trn1_sweep_network", network_run, "create_vpc")["vpc_id"]
+    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    results = {}
+    for nodes, run_id in point_runs.items():
+        assert api.task_states(DAG_ID, run_id) == {task: "success" for task in TASK_IDS}, run_id
+        network = xcom(api, DAG_ID, run_id, "create_vpc")
+        assert network["vpc_id"] == vpc_id and network["owned"] is False, network   # adopted, not made
+        metrics = xcom(api, DAG_ID, run_id, "collect_results")
+        key = metrics["artifacts_uri"].removeprefix("s3://ultracluster-artifacts/") + "results.json"
+        results[nodes] = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read())
+
+    done = ultracluster(api.base, "--password", api.password, "report", "e2e-fanout", "--poll-interval", "3",
+                        timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    report_run = next(line.split(" run ", 1)[1].split()[0] for line in done.stdout.splitlines()
+                      if line.startswith(f"triggered {REPORT_DAG_ID} run "))
+    report = xcom(api, REPORT_DAG_ID, report_run, "build_report")
+    rows = {row["nodes"]: row for row in report["rows"]}
+    assert sorted(rows) == [1, 2]
+    for nodes, body in results.items():
+        measured = {m["MetricName"]: m["MeasuredValue"] for m in body["results"]["metrics"]}
+        assert rows[nodes]["average_throughput_seq_per_s"] == pytest.approx(measured["Average throughput"])
+        assert rows[nodes]["cost_usd"] == body["usage"]["usd"]
+    assert "| Nodes |" in done.stdout or "Nodes" in done.stdout
+    assert_nothing_left(env, e2e_home)

@@ -264,6 +264,15 @@ def test_full_lifecycle_create_complete_fleet_delete(
     assert_same_shape(instances, recorded("describe_cluster_instances"))
     kinds = sorted(i["nodeType"] for i in instances["instances"])
     assert kinds == ["ComputeNode", "HeadNode"]   # the static node; the dynamic one is powered down
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=uc_env["AWS_ENDPOINT_URL"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    tagged = [{"Name": "tag:parallelcluster:cluster-name", "Values": ["lifecycle"]}]
+
+    def ec2_states() -> dict[str, str]:
+        return {i["InstanceId"]: i["State"]["Name"]
+                for r in ec2.describe_instances(Filters=tagged)["Reservations"] for i in r["Instances"]}
+    # Each node pcluster describes is an EC2 instance of the cluster, with its launch time.
+    assert {i["instanceId"]: "running" for i in instances["instances"]}.items() <= ec2_states().items()
     code, only_compute = pcluster("describe-cluster-instances", "-n", "lifecycle", "--node-type", "ComputeNode",
                                   "--queue-name", "compute1")
     assert [i["nodeType"] for i in only_compute["instances"]] == ["ComputeNode"]
@@ -290,6 +299,7 @@ def test_full_lifecycle_create_complete_fleet_delete(
 
     delete_and_wait(uc_env, uc_home, "lifecycle")
     assert not (uc_home / "slots").exists() or not list((uc_home / "slots").glob("*.json"))
+    assert set(ec2_states().values()) == {"terminated"}   # what the delete ended, EC2 still lists
     # The ledger keeps what was alive when, with the cluster's tags, after the cluster is gone.
     ledger = [json.loads(line) for line in (uc_home / "logs" / "clusters.jsonl").read_text().splitlines()]
     mine = [e for e in ledger if e["cluster"] == "lifecycle"]

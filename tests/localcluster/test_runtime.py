@@ -152,14 +152,16 @@ def assert_cluster_gone(cluster: Cluster) -> None:
 
 
 @pytest.fixture
-def uc_home() -> Iterator[UcHome]:
+def uc_home(moto_server: str) -> Iterator[UcHome]:
     # Under /tmp but searchable by all: the cluster user must reach slurm.conf and the munge socket.
     path = Path(tempfile.mkdtemp(prefix="uc-runtime-", dir="/tmp"))
     path.chmod(0o755)
     (path / "keys").mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path / "keys" / KEY_NAME)],
                    check=True)
-    env = {**os.environ, **TEST_ENV, "LOCAL_ULTRACLUSTER_HOME": str(path)}
+    # Nodes are EC2 instances too: the runtime launches and terminates them in moto.
+    env = {**os.environ, **TEST_ENV, "LOCAL_ULTRACLUSTER_HOME": str(path), "AWS_ENDPOINT_URL": moto_server,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     home = UcHome(path=path, env=env)
     try:
         yield home
@@ -330,8 +332,27 @@ def test_dynamic_node_powers_up_for_a_job_and_down_when_idle(uc_home: UcHome) ->
     assert [i["nodeType"] for i in cluster.describe()["instances"]] == ["HeadNode"]
     assert processes_mentioning(f"-N {node}") == []
 
+    # EC2 saw what a bill is made of: the head node running, the compute node launched at resume
+    # and terminated at suspend, tagged as pcluster tags them.
+    instances = ec2_instances(uc_home, "rt-dynamic")
+    assert {(i["Tags"]["parallelcluster:node-type"], i["State"]["Name"]) for i in instances} == {
+        ("HeadNode", "running"), ("Compute", "terminated")}, instances
+    compute = next(i for i in instances if i["Tags"]["parallelcluster:node-type"] == "Compute")
+    assert compute["InstanceType"] == "trn1.32xlarge" and compute["Tags"]["Name"] == node
+    assert compute["StateTransitionReason"].startswith("User initiated (")
+
     cluster.teardown()
     assert_cluster_gone(cluster)
+
+
+def ec2_instances(home: UcHome, cluster_name: str) -> list[dict]:
+    import boto3
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=home.env["AWS_ENDPOINT_URL"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    reservations = ec2.describe_instances(Filters=[
+        {"Name": "tag:parallelcluster:cluster-name", "Values": [cluster_name]}])["Reservations"]
+    return [{**i, "Tags": {t["Key"]: t["Value"] for t in i.get("Tags", [])}}
+            for r in reservations for i in r["Instances"]]
 
 
 def test_three_clusters_at_once_are_isolated(uc_home: UcHome) -> None:

@@ -70,11 +70,13 @@ class SlurmCluster:
 
 
 @pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[SlurmCluster]:
-    """A 2-static-node local UltraCluster (real slurmctld + 2 slurmd), torn down afterwards."""
+def two_node_cluster(moto_server: str) -> Iterator[SlurmCluster]:
+    """A 2-static-node local UltraCluster (real slurmctld + 2 slurmd), torn down afterwards. Its nodes
+    are EC2 instances in the session's moto."""
     home = Path(tempfile.mkdtemp(prefix="uc-training-", dir="/tmp"))
     home.chmod(0o755)
-    env = {**os.environ, **CLUSTER_ENV, "LOCAL_ULTRACLUSTER_HOME": str(home)}
+    env = {**os.environ, **CLUSTER_ENV, "LOCAL_ULTRACLUSTER_HOME": str(home), "AWS_ENDPOINT_URL": moto_server,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     (home / "keys").mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / "keys" / "training-test")],
                    check=True)

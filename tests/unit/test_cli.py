@@ -29,6 +29,10 @@ def test_trigger_unpauses_triggers_and_follows_a_run_to_success(stub, tmp_path, 
             tis(("create_vpc", "success", 12.0), ("train", "success", 40.0)))
     stub.on("GET", f"{RUN}/taskInstances/collect_results/xcomEntries/return_value",
             (200, {"key": "return_value", "value": {"final_loss": 8.01, "nodes": 2}}))
+    stub.on("GET", f"{RUN}/taskInstances/delete_cluster/xcomEntries/return_value",
+            (200, {"key": "return_value", "value": {"deleted": True, "usage": {
+                "usd": 1.23, "compute_usd": 1.0, "head_node_usd": 0.2, "fsx_usd": 0.03, "instance_hours": 0.3,
+                "compute_node_hours": 0.2, "head_node_hours": 0.1, "instances": 3}}}))
 
     code = cli(stub, "trigger", "--conf-file", str(conf_file), "--param", "num_nodes=4", "--param", "note=hello",
                "--param", 'sweep={"id": "s1", "point": {"num_nodes": 4}}')
@@ -43,8 +47,14 @@ def test_trigger_unpauses_triggers_and_follows_a_run_to_success(stub, tmp_path, 
         ("POST", f"{DAG}/dagRuns", {"logical_date": None, "conf": conf}),
         *[("GET", RUN, None), ("GET", f"{RUN}/taskInstances?limit=100", None)] * 3,
         ("GET", f"{RUN}/taskInstances/collect_results/xcomEntries/return_value", None),
+        # The run summary: the other tasks whose XComs it reads (records.XCOM_TASKS).
+        *[("GET", f"{RUN}/taskInstances/{task}/xcomEntries/return_value", None)
+          for task in ("preflight", "pcluster_create", "wait_for_fleet", "train", "delete_cluster")],
     ]
-    assert timeless(out) == (
+    summary = out.split("\nRun summary:\n", 1)[1]
+    assert "  cost               $1.23 from EC2 instance lives (compute $1.00, head node $0.20, FSx $0.03)" in summary
+    assert "  instance-hours     0.300 (compute nodes 0.200, head node 0.100; 3 instances)" in summary
+    assert timeless(out.split("\nRun summary:\n", 1)[0]) == (
         "unpaused trn1_bert_pretrain\n"
         f"triggered trn1_bert_pretrain run {RUN_ID} (conf {json.dumps(conf, sort_keys=True)})\n"
         f"  {stub.url}/dags/trn1_bert_pretrain/runs/{RUN_ID}\n"

@@ -23,7 +23,8 @@ def test_sweep_fan_out_triggers_one_run_per_point(stub, capsys):
         stub.on("GET", f"{DAG}/dagRuns/{run_id}", run(run_id, "running"), run(run_id, "success"))
         stub.on("GET", f"{DAG}/dagRuns/{run_id}/taskInstances?limit=100", tis(("train", "success", 5.0)))
 
-    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,2,4", "--mode", "weak", "--param", "max_nodes=4") == 0
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,2,4", "--mode", "weak", "--param", "max_nodes=4",
+               "--network", "per-run") == 0
     sweep = {"id": "s1", "num_nodes": [1, 2, 4], "scaling_mode": "weak"}
     posted = [body for method, path, body in stub.requests if method == "POST" and path.endswith("/dagRuns")]
     assert posted == [{"logical_date": None, "conf": {"max_nodes": 4, "sweep": {**sweep, "point": {"num_nodes": n}}}}
@@ -60,7 +61,8 @@ def test_sweep_via_backfill_covers_the_last_weekly_ticks(stub, capsys):
     dates = ["2026-03-29T00:00:00Z", "2026-04-05T00:00:00Z", "2026-04-12T00:00:00Z"]  # the Sundays before NOW
     ids = backfill_routes(stub, dates)
 
-    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,2,4", "--via", "backfill", now=NOW) == 0
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,2,4", "--via", "backfill", "--network", "per-run",
+               now=NOW) == 0
     body = {"dag_id": "trn1_bert_pretrain", "from_date": dates[0], "to_date": dates[-1], "run_backwards": False,
             "dag_run_conf": {"sweep": {"id": "s1", "num_nodes": [1, 2, 4], "scaling_mode": "strong"}},
             "reprocess_behavior": "completed", "max_active_runs": 1}
@@ -108,9 +110,69 @@ def test_a_rejected_backfill_prints_the_servers_message(stub, capsys):
     backfill_routes(stub, dates)
     already = "There is already a running backfill for dag trn1_bert_pretrain"
     stub.on("POST", "/api/v2/backfills", (409, {"detail": already}))
-    assert cli(stub, "sweep", "--id", "s1", "--nodes", "4", "--via", "backfill", now=NOW) == 2
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "4", "--via", "backfill", "--network", "per-run",
+               now=NOW) == 2
     assert one_error_line(capsys.readouterr().err) == (
         f"Airflow rejected POST /api/v2/backfills (HTTP 409): {already}")
+
+
+NET_DAG = "/api/v2/dags/trn1_sweep_network"
+NET_RUN = "manual__2026-04-15T09:59:59+00:00"
+NETWORK = {"vpc_id": "vpc-1", "public_subnet_id": "subnet-pub", "private_subnet_id": "subnet-priv",
+           "security_group_id": "sg-1", "availability_zone": "us-east-1a", "owned": True}
+ADOPTED = {"existing_vpc_id": "vpc-1", "existing_public_subnet_id": "subnet-pub",
+           "existing_private_subnet_id": "subnet-priv", "existing_security_group_id": "sg-1"}
+
+
+def network_routes(stub: StubAirflow) -> None:
+    stub.on("GET", NET_DAG, (200, {"is_paused": False}))
+    stub.on("POST", f"{NET_DAG}/dagRuns", run(NET_RUN, "queued"))
+    stub.on("GET", f"{NET_DAG}/dagRuns/{NET_RUN}/taskInstances?limit=100",
+            tis(("create_vpc", "running", None)), tis(("create_vpc", "success", 3.0)),
+            tis(("create_vpc", "success", 3.0), ("hold_network", "success", 9.0), ("delete_vpc", "success", 2.0)))
+    stub.on("GET", f"{NET_DAG}/dagRuns/{NET_RUN}", run(NET_RUN, "running"), run(NET_RUN, "success"))
+    stub.on("GET", f"{NET_DAG}/dagRuns/{NET_RUN}/taskInstances/create_vpc/xcomEntries/return_value",
+            (200, {"key": "return_value", "value": NETWORK}))
+
+
+def test_a_fan_out_shares_one_network_that_outlives_its_points(stub, capsys):
+    network_routes(stub)
+    ids = [f"manual__2026-04-15T10:00:0{i}+00:00" for i in range(2)]
+    stub.on("GET", DAG, (200, {"is_paused": False}))
+    stub.on("POST", f"{DAG}/dagRuns", *(run(run_id, "queued") for run_id in ids))
+    for run_id in ids:
+        stub.on("GET", f"{DAG}/dagRuns/{run_id}", run(run_id, "success"))
+        stub.on("GET", f"{DAG}/dagRuns/{run_id}/taskInstances?limit=100", tis(("train", "success", 5.0)))
+
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,2", "--param", "artifacts_s3_uri=s3://b/x",
+               "--poll-interval", "0.01") == 0
+    posts = [(path, body) for method, path, body in stub.requests if method == "POST" and path.endswith("/dagRuns")]
+    # The network first (its hold waits for 2 runs of s1 indexed under the same artifacts), then the points.
+    assert posts[0] == (f"{NET_DAG}/dagRuns", {"logical_date": None, "conf": {
+        "sweep_id": "s1", "points": 2, "artifacts_s3_uri": "s3://b/x"}})
+    sweep = {"id": "s1", "num_nodes": [1, 2], "scaling_mode": "strong"}
+    assert [body["conf"] for _, body in posts[1:]] == [
+        {"artifacts_s3_uri": "s3://b/x", **ADOPTED, "sweep": {**sweep, "point": {"num_nodes": n}}} for n in (1, 2)]
+    out = timeless(capsys.readouterr().out)
+    assert f"sweep s1: shared network: trn1_sweep_network run {NET_RUN}\n" in out
+    assert "sweep s1: network vpc-1 is up; every point adopts it\n" in out
+    # The client follows the network's run to its delete_vpc too.
+    assert "  [network] delete_vpc       success            Ts\n" in out
+    assert out.endswith("sweep s1: 2/2 runs succeeded\n")
+
+
+def test_a_backfill_that_cannot_start_releases_the_shared_network(stub, capsys):
+    network_routes(stub)
+    dates = ["2026-04-12T00:00:00Z"]
+    backfill_routes(stub, dates)
+    stub.on("POST", "/api/v2/backfills", (409, {"detail": "There is already a running backfill"}))
+    stub.on("PATCH", f"{NET_DAG}/dagRuns/{NET_RUN}/taskInstances/hold_network", (200, {}))
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "4", "--via", "backfill", "--poll-interval", "0.01",
+               now=NOW) == 2
+    backfill = next(body for method, path, body in stub.requests if (method, path) == ("POST", "/api/v2/backfills"))
+    assert {k: backfill["dag_run_conf"][k] for k in ADOPTED} == ADOPTED   # every backfilled run adopts it
+    assert ("PATCH", f"{NET_DAG}/dagRuns/{NET_RUN}/taskInstances/hold_network", {"new_state": "success"}) in stub.requests
+    assert "releasing the network" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("nodes", ["1,x", "0,2", "2,2", ""])

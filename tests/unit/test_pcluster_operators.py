@@ -5,11 +5,13 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import boto3
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.fixtures.pcluster.fake_pcluster import FIXTURES, FakePcluster
-from ultracluster.operators.pcluster import CreateClusterOperator, DeleteClusterOperator
+from ultracluster.operators.pcluster import CreateClusterOperator
+from ultracluster.operators.pcluster_delete import DeleteClusterOperator
 from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterValidationError
 from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
@@ -422,9 +424,26 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
         with pytest.raises(RuntimeError, match="of this run still exists \\(CREATE_COMPLETE\\)"):
             run_to_completion(delete_vpc(network, config["cluster_name"]), context)
 
-        deleted = run_to_completion(delete_op(cluster_name=config["cluster_name"], region_name=REGION), context)
+        # The run's collected results: delete_cluster adds the bill to them.
+        s3 = boto3.client("s3", region_name=REGION, endpoint_url=local_aws["AWS_ENDPOINT_URL"])
+        s3.put_object(Bucket="ultracluster-artifacts", Key="results/localtest/results.json",
+                      Body=json.dumps({"results": {"metrics": []}}).encode())
+        deleted = run_to_completion(delete_op(
+            cluster_name=config["cluster_name"], region_name=REGION, fsx_storage_capacity_gib="1200",
+            results_uri="s3://ultracluster-artifacts/results/localtest/"), context)
         assert deleted.pop("deleted_at") >= created["created_at"]  # the cluster's wall time, for the report
+        usage = deleted.pop("usage")
         assert deleted == {"cluster_name": config["cluster_name"], "deleted": True}
+        # From EC2: the head node, launched at create and terminated by the delete (no job ran, so
+        # no dynamic node came up), priced at the profile's head node type, FSx over its life.
+        assert (usage["basis"], usage["instances"], usage["unended"], usage["compute_node_hours"]) == (
+            "ec2_instances", 1, 0, 0.0), usage
+        assert 0 < usage["head_node_hours"] < 1 and usage["head_node_usd"] is not None
+        assert usage["usd"] == pytest.approx(usage["head_node_usd"] + usage["fsx_usd"], abs=0.011)
+        written = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key="results/localtest/results.json")
+                             ["Body"].read())
+        assert written["usage"] == usage == json.loads(s3.get_object(
+            Bucket="ultracluster-artifacts", Key="results/localtest/usage.json")["Body"].read())
     finally:
         result = run_to_completion(delete_vpc(network, config and config["cluster_name"]), context)
     assert result["deleted"] is True

@@ -20,8 +20,17 @@ SWEEP = {"id": "s1", "num_nodes": [1, 2, 3], "scaling_mode": "weak"}
 
 
 @pytest.fixture
-def s3(aws_conn):
+def s3(aws_conn, moto_endpoint):
+    """The local profile's account: its dataset object and key pair (the account checks look)."""
+    import boto3
+
     empty_bucket(aws_conn, "ultracluster-artifacts")
+    bucket, key = load_profile("local")["dataset_s3_uri"].removeprefix("s3://").split("/", 1)
+    aws_conn.put_object(Bucket=bucket, Key=key, Body=b"tar")
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    if not ec2.describe_key_pairs(Filters=[{"Name": "key-name", "Values": ["ultracluster-local"]}])["KeyPairs"]:
+        ec2.create_key_pair(KeyName="ultracluster-local")
     return aws_conn
 
 
@@ -83,3 +92,17 @@ def test_the_cost_limit_fails_before_anything_is_created(s3):
     assert run(local(), max_cost_usd=estimate + 1)["estimate"]["usd"] == estimate
     with pytest.raises(AirflowFailException, match=rf"estimate \${estimate:.2f} exceeds the limit \$0.01"):
         run(local(), max_cost_usd=0.01)
+
+
+def test_every_problem_fails_the_run_once_and_names_its_param(s3):
+    params = local(num_nodes=3, max_nodes=2, key_name="nobody", extra_tags={"aws:owner": "me"},
+                   availability_zone_id="use1-az1")
+    with pytest.raises(AirflowFailException) as failed:
+        run(params)
+    message = str(failed.value)
+    assert message.startswith("preflight found 4 problem(s), nothing was created:\n- ")
+    for expected in ("num_nodes (3) exceeds max_nodes (2)", "extra_tags: key 'aws:owner' uses a reserved prefix",
+                     "key_name: no key pair 'nobody' in us-east-1",
+                     "instance_type: trn1.32xlarge is not offered in availability zone id use1-az1"):
+        assert expected in message, message
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0   # no probe left

@@ -138,6 +138,16 @@ def test_run_record_maps_the_xcoms_and_tolerates_missing_ones():
 
 
 # --------------------------------------------------------------------------------------------- rows
+def test_the_cost_is_what_ec2_billed_when_delete_cluster_measured_it():
+    entry, state, xcoms = run(2, avg=1818.0, ttt=55.0)
+    usage = {"basis": "ec2_instances", "usd": 99.99, "compute_usd": 90.3, "head_node_usd": 0.25, "fsx_usd": 9.44,
+             "compute_node_hours": 4.2, "head_node_hours": 1.45}
+    xcoms["delete_cluster"] = {**xcoms["delete_cluster"], "usage": usage}
+    row = build_rows([2], records((entry, state, xcoms)), PRICES)[0]
+    assert (row["cost_basis"], row["cost_usd"], row["node_hours"]) == ("ec2_instances", 99.99, 4.2)
+    assert row["cost"] == {"usd": 99.99, "node_usd": 90.3, "head_node_usd": 0.25, "fsx_usd": 9.44}
+
+
 def test_strong_scaling_rows_keep_failed_and_missing_points():
     rows = build_rows([1, 2, 4, 8], records(
         run(1, avg=1000.0, ttt=100.0, node_hours=1.5),
@@ -330,3 +340,21 @@ def test_sweeps_come_from_the_param_or_the_events():
                           SimpleNamespace(extra={"sweep": {"id": "s3"}})]}
     assert requested_sweeps({"sweep_id": None}, events) == {"s2": "s3://other-bucket/p", "s3": None}
     assert requested_sweeps({"sweep_id": "s1"}, events) == {"s1": None}
+
+
+def test_a_run_summary_has_the_report_row_numbers_and_the_ec2_bill():
+    from ultracluster.report.summary import run_summary, summary_lines
+
+    _, state, xcoms = run(2, avg=1818.0, ttt=55.0, extrapolated=True)
+    xcoms["delete_cluster"] = {**xcoms["delete_cluster"], "usage": {
+        "usd": 99.99, "compute_usd": 90.3, "head_node_usd": 0.25, "fsx_usd": 9.44, "instance_hours": 5.65,
+        "compute_node_hours": 4.2, "head_node_hours": 1.45, "instances": 3}}
+    summary = run_summary(state, xcoms, PRICES)
+    # Timeline of run(): created 0, ready 12, train 15 -> 75, deleted 87 (minutes).
+    assert (summary["nodes"], summary["cluster_wall_min"], summary["idle_fleet_min"]) == (2, 87, 3 + 12)
+    assert (summary["cost_usd"], summary["cost_basis"], summary["instance_hours"]) == (99.99, "ec2_instances", 5.65)
+    lines = dict(summary_lines(summary))
+    assert lines["cost"].startswith("$99.99 from EC2 instance lives (compute $90.30, head node $0.25, FSx $9.44)")
+    assert lines["idle fleet"] == "15.00 min (fleet ready to train 3.00, train end to delete 12.00)"
+    assert lines["time to train"] == "55.00 (extrapolated) min"
+    assert "3 instances" in lines["instance-hours"] and lines["cost"].endswith("preflight estimated $1.00")

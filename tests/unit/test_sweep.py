@@ -58,8 +58,11 @@ def test_the_plan_applies_the_point():
     params = {"num_nodes": 16, "max_nodes": 4, "min_nodes": 0, "scaling_mode": "strong", "sweep": SWEEP}
     plan = run_plan(params, sunday(4), WEEK)  # index 4: 16 nodes
     assert (plan["num_nodes"], plan["max_nodes"], plan["scaling_mode"]) == (16, 16, "weak")
-    plan = run_plan(dict(params, max_nodes=32), sunday(1), WEEK)  # 2 nodes: max_nodes stays larger
-    assert (plan["num_nodes"], plan["max_nodes"]) == (2, 32)
+    # The cluster is sized to the point (the node cap counts MaxCount), unless min_nodes is larger.
+    plan = run_plan(dict(params, max_nodes=32), sunday(1), WEEK)
+    assert (plan["num_nodes"], plan["max_nodes"]) == (2, 2)
+    plan = run_plan(dict(params, max_nodes=32, min_nodes=4), sunday(1), WEEK)
+    assert (plan["num_nodes"], plan["max_nodes"]) == (2, 4)
     assert describe_point(plan["sweep_point"]).startswith("sweep s1: point 2/5 -> num_nodes=2")
     assert run_plan({"num_nodes": 3, "sweep": None}, None, WEEK) == {"num_nodes": 3, "sweep": None,
                                                                     "sweep_point": None}

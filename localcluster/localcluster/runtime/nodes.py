@@ -109,15 +109,18 @@ def all_node_states(paths: ClusterPaths) -> list[NodeState]:
 def slurmd_pid_file(paths: ClusterPaths, name: str) -> Path:
     return paths.run / f"slurmd-{name}.launch.pid"
 
-def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_boot: bool) -> NodeState:
-    """Boot one compute node: a slurmd in the foreground inside the node's namespaces."""
+def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_boot: bool,
+                 instance: tuple[str, str] | None = None) -> NodeState:
+    """Boot one compute node: a slurmd in the foreground inside the node's namespaces.
+    ``instance``: the node's EC2 (instance id, launch time)."""
     paths.node_spool(name).mkdir(parents=True, exist_ok=True)
     launched = launch_in_namespace(
         paths, name, slurmd_pid_file(paths, name), paths.logs / f"slurmd-{name}.out",
         ["/usr/sbin/slurmd", "-D", "-f", str(paths.slurm_daemon_conf), "-N", name],
         mount_dirs, fresh_boot=fresh_boot, extra_binds=[f"{paths.node_spool(name)}={NODE_SPOOL_DIR}"])
     state = NodeState(name=name, state="running", pid=launched.pid, uts_ns=launched.uts_ns,
-                      instance_id=new_instance_id(), launch_time=utc_now_iso())
+                      instance_id=instance[0] if instance else None,
+                      launch_time=instance[1] if instance else None)
     write_node_state(paths, state)
     return state
 

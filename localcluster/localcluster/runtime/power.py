@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from .nodes import NodeState, new_instance_id, read_node_state, start_slurmd, stop_slurmd, utc_now_iso, write_node_state
+from .nodes import NodeState, read_node_state, start_slurmd, stop_slurmd, utc_now_iso, write_node_state
 from .paths import ClusterPaths
-from .runtime_state import cluster_paths, find_node, load_runtime
+from .runtime_state import cluster_paths, find_node, load_runtime, runtime_aws
 from .slurmcmd import expand_hostlist, set_node_state
 
 ICE_REASON = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
@@ -43,12 +43,16 @@ def resume(paths: ClusterPaths, hostlist: str) -> None:
     if denied:
         log(paths, f"resume {','.join(denied)}: insufficient capacity")
         set_node_state(paths, denied, "DOWN", ICE_REASON)
+    aws = runtime_aws(runtime)
     for name in names:
         if name in denied:
             continue
-        log(paths, f"resume {name}: booting")
-        write_node_state(paths, NodeState(name=name, state="booting", instance_id=new_instance_id(),
-                                          launch_time=utc_now_iso(), requested_at=time.time()))
+        node = find_node(runtime, name)
+        instance_id, launch_time = aws.run_instance(runtime["cluster_name"], "Compute", node.instance_type, name,
+                                                    node.queue, node.resource)
+        log(paths, f"resume {name}: booting {instance_id}")
+        write_node_state(paths, NodeState(name=name, state="booting", instance_id=instance_id,
+                                          launch_time=launch_time, requested_at=time.time()))
         # Boot in the background: slurmctld waits for ResumeProgram, not for the node.
         subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -62,17 +66,19 @@ def boot(paths: ClusterPaths, name: str) -> None:
     time.sleep(max(0.0, (booting.requested_at or time.time()) + boot_s - time.time()))
     if read_node_state(paths, name).state != "booting":
         return   # suspended or torn down while booting
-    state = start_slurmd(paths, name, runtime["mount_dirs"], fresh_boot=True)
-    if booting.instance_id:
-        state.instance_id, state.launch_time = booting.instance_id, booting.launch_time
-        write_node_state(paths, state)
+    state = start_slurmd(paths, name, runtime["mount_dirs"], fresh_boot=True,
+                         instance=(booting.instance_id, booting.launch_time) if booting.instance_id else None)
     log(paths, f"boot {name}: slurmd pid {state.pid}")
 
 
 def suspend(paths: ClusterPaths, hostlist: str) -> None:
+    aws = runtime_aws(load_runtime(paths))
     for name in expand_hostlist(paths, hostlist):
+        instance_id = read_node_state(paths, name).instance_id
         stopped = stop_slurmd(paths, name)
-        log(paths, f"suspend {name}: stopped {stopped}")
+        if instance_id:
+            aws.terminate_instances([instance_id])
+        log(paths, f"suspend {name}: stopped {stopped}, terminated {instance_id}")
 
 
 def main(argv: list[str]) -> int:

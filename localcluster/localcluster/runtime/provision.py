@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+from ..aws import endpoint_url
 from ..spec import ClusterSpec
 from . import accounting, munge, sshd
 from .errors import RuntimeProvisionError
 from .layout import ComputeNode, compute_nodes, count_compute_nodes, head_hostname, hosts_file_text
-from .nodes import head_launch, new_instance_id, start_slurmd, utc_now_iso
+from .nodes import head_launch, start_slurmd, utc_now_iso
 from .paths import ClusterPaths, ssh_port, ssh_user
 from .procs import wait_listening
-from .runtime_state import cluster_paths, save_runtime
+from .runtime_state import cluster_paths, runtime_aws, save_runtime
 from .slots import Slot, allocate_slot
 from .slurmcmd import wait_nodes_state
 from .slurmconf import render_slurm_conf, render_slurmdbd_conf, slurm_cluster_name
@@ -85,8 +86,10 @@ def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: 
         "cluster_name": spec.name,
         "slot": slot.index,
         "head_node": {"hostname": head_name, "ip": slot.head_ip, "ssh_port": ssh_port(),
-                      "instance_id": new_instance_id(), "launch_time": utc_now_iso(), "state": "running",
+                      "instance_id": None, "launch_time": utc_now_iso(), "state": "running",
                       "instance_type": spec.head_instance_type},
+        # Every node is also an EC2 instance in moto, launched and terminated with it (instances.md).
+        "aws": {"region": spec.region, "endpoint": endpoint_url()},
         "ssh_user": ssh_user(),
         "slurm": {"cluster_name": slurm_cluster_name(spec.name), "conf": str(paths.slurm_conf),
                   "slurmctld_port": slot.slurmctld_port,
@@ -114,6 +117,9 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
     head_name = head_hostname(slot)
     nodes = compute_nodes(spec, slot)
     runtime = _runtime_doc(spec, paths, slot, head_name, nodes)
+    head = runtime["head_node"]
+    head["instance_id"], head["launch_time"] = runtime_aws(runtime).run_instance(
+        spec.name, "HeadNode", spec.head_instance_type, head_name)
     save_runtime(paths, runtime)
     paths.hosts_file.write_text(hosts_file_text(head_name, slot.head_ip, nodes))
     paths.hosts_file.chmod(0o644)
@@ -145,7 +151,8 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
 
     static = [n for n in nodes if not n.dynamic]
     for node in static:
-        start_slurmd(paths, node.name, mounts, fresh_boot=False)
+        start_slurmd(paths, node.name, mounts, fresh_boot=False, instance=runtime_aws(runtime).run_instance(
+            spec.name, "Compute", node.instance_type, node.name, node.queue, node.resource))
     if static and not wait_nodes_state(paths, [n.name for n in static], {"idle"}, NODE_READY_TIMEOUT_S):
         raise RuntimeProvisionError(f"static nodes did not become idle; see {paths.logs}/slurmd-*.log")
 

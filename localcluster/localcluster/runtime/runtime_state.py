@@ -35,5 +35,11 @@ def find_node(runtime: dict, name: str) -> ComputeNode:
     raise KeyError(name)
 
 
+def runtime_aws(runtime: dict):
+    """The moto the cluster was created against (Slurm's power programs run without its env)."""
+    from ..aws import Aws
+    return Aws(runtime["aws"]["region"], runtime["aws"]["endpoint"])
+
+
 def cluster_paths(cluster_dir: Path) -> ClusterPaths:
     return ClusterPaths(Path(cluster_dir).resolve())

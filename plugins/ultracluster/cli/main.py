@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runs: one manual run per point (default); backfill: the last len(points) weekly ticks")
     sweep.add_argument("--max-active", type=int, default=1, metavar="N", help="backfill: runs at a time (1)")
     sweep.add_argument("--dry-run", action="store_true", help="backfill: print the planned runs, create nothing")
+    sweep.add_argument("--network", choices=("shared", "per-run"), default="shared",
+                       help="shared: one network for every point, made and deleted by trn1_sweep_network "
+                            "(default); per-run: each run makes its own")
     _conf_options(sweep)
     _follow_options(sweep)
     sweep.set_defaults(handler=cmd_sweep)

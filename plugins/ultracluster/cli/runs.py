@@ -83,8 +83,32 @@ def trigger_and_follow(client: AirflowClient, args: argparse.Namespace, dag_id: 
 def cmd_trigger(client: AirflowClient, args: argparse.Namespace) -> int:
     run, ok = trigger_and_follow(client, args, args.dag, build_conf(args.conf_file, args.param))
     if args.results and not args.no_follow:
-        show_results(xcom_value(client, args.dag, run.run_id, args.results), args.results)
+        value = xcom_value(client, args.dag, run.run_id, args.results)
+        show_results(value, args.results)
+        show_summary(client, args.dag, run.run_id, "success" if ok else "failed", {args.results: value})
     return 0 if ok else 1
+
+
+def show_summary(client: AirflowClient, dag_id: str, run_id: str, state: str, known: dict) -> None:
+    """The run summary (report/summary.py): time, idle fleet minutes, instance-hours and cost.
+    ``known``: XComs already fetched, by task id."""
+    from ultracluster.cost import NO_PRICES, PriceError, load_prices
+    from ultracluster.report.records import XCOM_TASKS
+    from ultracluster.report.summary import run_summary, summary_lines
+
+    xcoms = {task: known[task] if task in known else xcom_value(client, dag_id, run_id, task) for task in XCOM_TASKS}
+    if not any(xcoms.values()):
+        return   # not a pipeline run: nothing to sum up
+    try:
+        prices = load_prices()
+    except PriceError as err:   # the summary still has EC2's cost; only estimates need prices
+        say(f"(no prices file: {err})")
+        prices = NO_PRICES
+    lines = summary_lines(run_summary(state, xcoms, prices))
+    width = max(len(label) for label, _ in lines)
+    say("\nRun summary:")
+    for label, text in lines:
+        say(f"  {label:<{width}}  {text}")
 
 
 def show_results(value: object, task_id: str) -> None:

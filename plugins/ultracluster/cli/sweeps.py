@@ -17,12 +17,20 @@ from __future__ import annotations
 import argparse
 from datetime import datetime, timedelta, timezone
 
+import time
+
 from ultracluster.cli.client import AirflowClient, CliError, segment
-from ultracluster.cli.follow import Followed, follow, say
+from ultracluster.cli.follow import Followed, follow, run_path, say, task_instances, xcom_value
 from ultracluster.cli.runs import build_conf, ensure_unpaused, start_run
 from ultracluster.sweep import ORIGIN, tick_index
 
 WEEK = timedelta(days=7)  # the DAG's @weekly schedule; ORIGIN is one of its ticks (a Sunday 00:00 UTC)
+NETWORK_DAG = "trn1_sweep_network"
+# create_vpc's network -> the pipeline params through which a run adopts it.
+NETWORK_PARAMS = {"vpc_id": "existing_vpc_id", "public_subnet_id": "existing_public_subnet_id",
+                  "private_subnet_id": "existing_private_subnet_id", "security_group_id": "existing_security_group_id"}
+# Pipeline params the network DAG shares: where the network goes and where the sweep index is.
+SHARED_WITH_NETWORK = ("region", "availability_zone_id", "artifacts_s3_uri", "extra_tags")
 
 
 def parse_nodes(text: str) -> list[int]:
@@ -71,7 +79,8 @@ def cmd_sweep(client: AirflowClient, args: argparse.Namespace, now: datetime | N
         followed = backfill(client, args, conf, nodes, now or datetime.now(timezone.utc))
     if not followed or args.no_follow:
         return 0
-    ok = follow(client, followed, poll_s=args.poll_interval, timeout_s=args.timeout)
+    network = getattr(args, "network_run", None)
+    ok = follow(client, followed + ([network] if network else []), poll_s=args.poll_interval, timeout_s=args.timeout)
     done = sum(run.state == "success" for run in followed)
     say(f"sweep {args.id}: {done}/{len(followed)} runs succeeded")
     return 0 if ok else 1
@@ -82,12 +91,65 @@ def fan_out(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: 
     if args.dry_run:
         raise CliError("--dry-run is for --via backfill (a fan-out has nothing to plan)")
     ensure_unpaused(client, args.dag, args.wait_for_dag)
-    followed = []
-    for count in nodes:
-        run_id = start_run(client, args.dag, {**conf, "sweep": {**conf["sweep"], "point": {"num_nodes": count}}})
-        say(f"sweep {args.id}: num_nodes={count}  run {run_id}")
-        followed.append(Followed(args.dag, run_id, label=f"[n={count}] "))
+    with shared_network(client, args, conf, len(nodes)) as network:
+        followed = []
+        for count in nodes:
+            point = {**conf, **network, "sweep": {**conf["sweep"], "point": {"num_nodes": count}}}
+            run_id = start_run(client, args.dag, point)
+            say(f"sweep {args.id}: num_nodes={count}  run {run_id}")
+            followed.append(Followed(args.dag, run_id, label=f"[n={count}] "))
     return followed
+
+
+class shared_network:  # noqa: N801 - used as a context manager
+    """``with shared_network(...) as params``: the network every point adopts (``existing_*`` params),
+    from a run of trn1_sweep_network; ``{}`` with ``--network per-run`` or a network in the conf.
+    If starting the points fails, the network is released at once (its hold task marked success,
+    so its teardown deletes it) instead of being held for the points that never came."""
+
+    def __init__(self, client: AirflowClient, args: argparse.Namespace, conf: dict, points: int) -> None:
+        self.client, self.args, self.conf, self.points = client, args, conf, points
+        self.run_id: str | None = None
+
+    def __enter__(self) -> dict:
+        if self.args.network != "shared" or any(self.conf.get(p) for p in NETWORK_PARAMS.values()):
+            return {}
+        client, args = self.client, self.args
+        ensure_unpaused(client, NETWORK_DAG, args.wait_for_dag)
+        net_conf = {"sweep_id": args.id, "points": self.points,
+                    **{key: self.conf[key] for key in SHARED_WITH_NETWORK if key in self.conf}}
+        self.run_id = start_run(client, NETWORK_DAG, net_conf)
+        say(f"sweep {args.id}: shared network: {NETWORK_DAG} run {self.run_id}")
+        try:
+            network = self._wait_for_network()
+        except BaseException as error:
+            self.__exit__(type(error), error, None)
+            raise
+        say(f"sweep {args.id}: network {network.get('vpc_id')} is up; every point adopts it")
+        self.args.network_run = Followed(NETWORK_DAG, self.run_id, label="[network] ")
+        return {param: network[key] for key, param in NETWORK_PARAMS.items() if network.get(key)}
+
+    def _wait_for_network(self) -> dict:
+        limit = self.args.timeout or float("inf")   # 0: no limit, as for following
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            states = {ti["task_id"]: ti.get("state") for ti in task_instances(self.client, NETWORK_DAG, self.run_id)}
+            if states.get("create_vpc") == "success":
+                network = xcom_value(self.client, NETWORK_DAG, self.run_id, "create_vpc")
+                if isinstance(network, dict) and network.get("vpc_id"):
+                    return network
+            if states.get("create_vpc") in ("failed", "upstream_failed") or \
+                    self.client.get(run_path(NETWORK_DAG, self.run_id))["state"] == "failed":
+                raise CliError(f"the sweep's network was not created: {NETWORK_DAG} run {self.run_id} failed "
+                               f"(create_vpc {states.get('create_vpc')}); its create_vpc log says why")
+            time.sleep(self.args.poll_interval)
+        raise CliError(f"the sweep's network was not up after {limit:.0f} s ({NETWORK_DAG} run {self.run_id})")
+
+    def __exit__(self, kind, error, trace) -> None:
+        if error is not None and self.run_id:
+            say(f"sweep {self.args.id}: points not started; releasing the network ({NETWORK_DAG} run {self.run_id})")
+            self.client.patch(f"{run_path(NETWORK_DAG, self.run_id)}/taskInstances/hold_network",
+                              {"new_state": "success"})
 
 
 def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: list[int],
@@ -109,17 +171,19 @@ def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes:
     if args.dry_run:
         return []
     ensure_unpaused(client, args.dag, args.wait_for_dag)
-    created = client.post("/api/v2/backfills", body)
-    say(f"sweep {args.id}: backfill {created['id']} created")
-    runs = client.get(f"/api/v2/dags/{segment(args.dag)}/dagRuns",
-                      params={"run_type": "backfill", "logical_date_gte": body["from_date"],
-                              "logical_date_lte": body["to_date"], "limit": 100})["dag_runs"]
-    by_date = {datetime.fromisoformat(run["logical_date"]): run["dag_run_id"]
-               for run in runs if run.get("logical_date")}
-    missing = [iso(tick) for tick in ticks if tick not in by_date]
-    if missing:
-        raise CliError(f"backfill {created['id']} has no run at {', '.join(missing)} (GET /api/v2/backfills/"
-                       f"{created['id']} and the Airflow UI show why)")
+    with shared_network(client, args, conf, len(nodes)) as network:
+        # Every backfilled run gets the same conf: the shared network goes in it.
+        created = client.post("/api/v2/backfills", {**body, "dag_run_conf": {**conf, **network}})
+        say(f"sweep {args.id}: backfill {created['id']} created")
+        runs = client.get(f"/api/v2/dags/{segment(args.dag)}/dagRuns",
+                          params={"run_type": "backfill", "logical_date_gte": body["from_date"],
+                                  "logical_date_lte": body["to_date"], "limit": 100})["dag_runs"]
+        by_date = {datetime.fromisoformat(run["logical_date"]): run["dag_run_id"]
+                   for run in runs if run.get("logical_date")}
+        missing = [iso(tick) for tick in ticks if tick not in by_date]
+        if missing:
+            raise CliError(f"backfill {created['id']} has no run at {', '.join(missing)} (GET /api/v2/backfills/"
+                           f"{created['id']} and the Airflow UI show why)")
     followed = []
     for tick in ticks:
         label = f"[n={point_at(nodes, tick)} {tick:%Y-%m-%d}] "

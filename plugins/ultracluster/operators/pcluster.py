@@ -1,4 +1,4 @@
-"""pcluster_create / delete_cluster: a ParallelCluster created and deleted through ParallelClusterHook.
+"""pcluster_create: a ParallelCluster created through ParallelClusterHook (delete_cluster: pcluster_delete.py).
 
 A cluster belongs to the run whose id is in its ``ultracluster:run-id`` tag (render_config puts it in
 the config's Tags). Retries reattach to that cluster instead of creating a second one, and deletes
@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from ultracluster.clock import utc_now
 from ultracluster.links import ParallelClusterStackLink
 from ultracluster.parsers.pcluster import (
     CREATE_COMPLETE,
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
     from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
-__all__ = ["RUN_ID_TAG", "CreateClusterOperator", "DeleteClusterOperator"]
+__all__ = ["RUN_ID_TAG", "CreateClusterOperator"]
 
 
 def _region_from_arn(arn: str | None) -> str | None:
@@ -303,92 +302,3 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     def on_kill(self) -> None:
         # The wait runs in the triggerer (ClusterStatusTrigger.on_kill deletes there); nothing runs here.
         self.log.info("pcluster_create killed; a deferred wait deletes the cluster from its trigger")
-
-
-class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
-    """
-    Teardown of pcluster_create: delete this run's cluster and wait (deferrably) until it is gone.
-
-    Gone already counts as success. DELETE_FAILED is retried with delete-cluster up to
-    ``max_delete_attempts`` times; a cluster not tagged with this run is never touched.
-    """
-
-    template_fields: Sequence[str] = ("cluster_name", "region_name")
-    operator_extra_links = (ParallelClusterStackLink(),)
-    ui_color = "#ffd39b"
-
-    def __init__(
-        self,
-        *,
-        cluster_name: str,
-        pcluster_conn_id: str = "pcluster_default",
-        region_name: str | None = None,
-        poll_interval: float = 30,
-        max_attempts: int = 120,
-        max_delete_attempts: int = 3,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.cluster_name = cluster_name
-        self.pcluster_conn_id = pcluster_conn_id
-        self.region_name = region_name
-        self.poll_interval = poll_interval
-        self.max_attempts = max_attempts
-        self.max_delete_attempts = max_delete_attempts
-
-    def hook(self):
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-
-        return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
-
-    def execute(self, context: Context) -> dict:
-        return self._delete(context, delete_attempt=1)
-
-    def _delete(self, context: Context, delete_attempt: int) -> dict:
-        from ultracluster.parsers.pcluster import ClusterNotFoundError
-
-        hook = self.hook()
-        if not self.cluster_name:
-            self.log.info("No cluster name: nothing to delete")
-            return {"cluster_name": None, "deleted": False}
-        try:
-            description = hook.describe_cluster(self.cluster_name)
-        except ClusterNotFoundError:
-            self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
-            return {"cluster_name": self.cluster_name, "deleted": True}
-        owner = cluster_owner(description)
-        if owner != context["run_id"]:
-            self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
-            return {"cluster_name": self.cluster_name, "deleted": False}
-        ParallelClusterStackLink.persist(
-            context=context,
-            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
-            stack_name=description.get("cloudformationStackArn") or self.cluster_name,
-        )
-        if description.get("clusterStatus") != DELETE_IN_PROGRESS:
-            try:
-                hook.delete_cluster(self.cluster_name)
-            except ClusterNotFoundError:
-                return {"cluster_name": self.cluster_name, "deleted": True}
-            self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
-        self.defer(
-            trigger=self._status_trigger("ClusterDeleteComplete"),
-            method_name="execute_complete",
-            kwargs={"delete_attempt": delete_attempt},
-        )
-        raise AssertionError("unreachable")
-
-    def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
-        if event.get("status") == "success":
-            self.log.info("Cluster %s deleted", self.cluster_name)
-            return {"cluster_name": self.cluster_name, "deleted": True, "deleted_at": utc_now()}
-        self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
-        for failure in event.get("failures") or []:
-            self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
-        if event.get("status") == "failure" and delete_attempt < self.max_delete_attempts:
-            return self._delete(context, delete_attempt + 1)
-        arn = (event.get("description") or {}).get("cloudformationStackArn")
-        raise RuntimeError(
-            f"Cluster {self.cluster_name} not deleted after {delete_attempt} attempt(s): {event.get('message')}"
-            + (f"; inspect stack {arn}" if arn else "")
-        )

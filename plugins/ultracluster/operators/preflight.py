@@ -1,8 +1,11 @@
 """preflight: everything knowable before the first create, in one visible step.
 
 It fixes the run's plan (the params with its sweep point applied; every later task reads the plan),
-checks the cross-field rules once, estimates the cost and enforces ``max_cost_usd``. Its failures
-are the conf's own: they fail the task at once, without retries.
+checks the cross-field rules once, the tags, and what AWS can tell (``_account_checks``: the dataset
+object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
+id, the Trn vCPU quota), estimates the cost and enforces ``max_cost_usd``. Every problem found goes
+into one error naming each param; such failures are the conf's own and fail the task at once,
+without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
 from __future__ import annotations
 
@@ -40,21 +43,34 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from ultracluster.cost import PriceError, estimate, load_prices
-        from ultracluster.operators.config import ConfigValidationError, validate_pipeline_params
+        from ultracluster.operators._account_checks import account_problems
+        from ultracluster.operators.config import ConfigValidationError, safe_run_id, validate_pipeline_params
         from ultracluster.sweep import SweepError, describe_point, run_plan
+        from ultracluster.tags import tag_problems
 
         try:
             plan = run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
-            point = plan["sweep_point"]
-            if point:
-                self.log.info("%s", describe_point(point))
-            validate_pipeline_params(plan)
-        except (SweepError, ConfigValidationError) as err:
+        except SweepError as err:
             raise AirflowFailException(str(err)) from None
+        point = plan["sweep_point"]
+        if point:
+            self.log.info("%s", describe_point(point))
         try:
-            expected = estimate(plan, load_prices())
+            prices = load_prices()
+            expected = estimate(plan, prices)
         except PriceError as err:
             raise AirflowFailException(f"cost estimate: {err}") from None
+        problems: list[str] = []
+        try:
+            validate_pipeline_params(plan)
+        except ConfigValidationError as err:
+            problems.append(str(err))
+        problems += tag_problems(plan.get("extra_tags"))
+        problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
+                                     self.log)
+        if problems:
+            raise AirflowFailException(f"preflight found {len(problems)} problem(s), nothing was created:\n- "
+                                       + "\n- ".join(problems))
         self.log.info(
             "Cost estimate: $%.2f (%d × %s for %.2f h at $%.2f/h, head node $%.2f, FSx $%.2f)",
             expected["usd"], plan["num_nodes"], expected["instance_type"], expected["hours"],

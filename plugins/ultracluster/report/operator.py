@@ -75,6 +75,26 @@ def dagrun_state(dag_id: str, run_id: str) -> str | None:
         raise
 
 
+def sweep_index(s3: Any, root: str, source: str, sweep_id: str, log: Any) -> list[dict[str, Any]]:
+    """The sweep's index entries (preflight writes one per run), oldest first (by ``written_at``);
+    unreadable ones are logged and skipped. ``s3``: an S3Hook."""
+    bucket, prefix = sweep_location(root, "sweeps", source, sweep_id)
+    entries = []
+    for key in s3.list_keys(bucket_name=bucket, prefix=f"{prefix}/runs/") or []:
+        if not key.endswith(".json"):
+            continue
+        try:
+            entry = json.loads(s3.read_key(key, bucket_name=bucket))
+        except ValueError as err:
+            log.warning("Skipping s3://%s/%s: not JSON (%s)", bucket, key, err)
+            continue
+        if not isinstance(entry, dict) or not entry.get("run_id"):
+            log.warning("Skipping s3://%s/%s: no run_id", bucket, key)
+            continue
+        entries.append(entry)
+    return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))
+
+
 def run_xcoms(ti: Any, dag_id: str, run_id: str) -> dict[str, Any]:
     """The return values of the source run's tasks that feed a run record."""
     return {task_id: ti.xcom_pull(dag_id=dag_id, run_id=run_id, task_ids=task_id) for task_id in XCOM_TASKS}
@@ -164,22 +184,7 @@ class ScalingReportOperator(BaseOperator):
         return f"s3://{bucket}/{prefix}/runs/"
 
     def _index(self, s3: Any, root: str, source: str, sweep_id: str) -> list[dict[str, Any]]:
-        """The sweep's index entries, oldest first (by ``written_at``); unreadable ones are logged."""
-        bucket, prefix = sweep_location(root, "sweeps", source, sweep_id)
-        entries = []
-        for key in s3.list_keys(bucket_name=bucket, prefix=f"{prefix}/runs/") or []:
-            if not key.endswith(".json"):
-                continue
-            try:
-                entry = json.loads(s3.read_key(key, bucket_name=bucket))
-            except ValueError as err:
-                self.log.warning("Skipping s3://%s/%s: not JSON (%s)", bucket, key, err)
-                continue
-            if not isinstance(entry, dict) or not entry.get("run_id"):
-                self.log.warning("Skipping s3://%s/%s: no run_id", bucket, key)
-                continue
-            entries.append(entry)
-        return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))
+        return sweep_index(s3, root, source, sweep_id, self.log)
 
     def _wait(self, sweeps: list[str], started: datetime) -> None:
         from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger

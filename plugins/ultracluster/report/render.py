@@ -44,8 +44,9 @@ COLUMNS: list[tuple[str, Callable[[Row], str], Callable[[Row], str]]] = [
     ("Cost (USD)", _cost, lambda ref: "-"),
     ("Status", lambda r: str(r.get("status")), lambda ref: f"reference: {ref.get('label')}"),
 ]
-LEGEND = ("`*` time to train extrapolated from the steps run; `~` cost from wall times "
-          "(nodes × fleet ready → train end), not the run's node hours.")
+LEGEND = ("`*` time to train extrapolated from the steps run. Cost is what EC2 says the cluster's "
+          "instances used, launch to termination; `~` marks an estimate from wall times "
+          "(nodes × fleet ready → train end) where that is unknown.")
 
 
 def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:

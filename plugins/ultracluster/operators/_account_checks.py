@@ -1,0 +1,151 @@
+"""preflight's account checks: what AWS can tell before anything is created (docs/operations.md,
+"Preflight checks and failure surfaces").
+
+Each problem is one line naming its param; the caller fails the run once with all of them.
+Deterministic answers (a missing object, bucket or key pair, an access denial, an instance type not
+offered, a quota too small) are problems. Transient ones (throttling, an unreachable endpoint)
+propagate, so the task retries.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ultracluster.s3_uri import split_s3_uri
+
+TRANSIENT_CODES = ("Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+                   "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout", "SlowDown")
+
+
+def _code(err: Any) -> str:
+    return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def _deterministic(err: Any) -> bool:
+    return _code(err) not in TRANSIENT_CODES
+
+
+def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: str, prices: dict[str, Any],
+                     log: Any) -> list[str]:
+    """Every problem AWS reports with the plan's S3 locations, key pair, instance types and quota.
+    ``probe_name``: a file name unique to the run, written and deleted to prove write access."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from ultracluster.hooks.account import AccountHook
+
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+
+    s3 = S3Hook(aws_conn_id=aws_conn_id)
+    ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
+    try:
+        problems = _readable(s3, "dataset_s3_uri", plan.get("dataset_s3_uri"))
+        problems += _writable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
+        if plan.get("compile_cache_s3_uri"):
+            problems += _writable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
+        problems += _key_pair(ec2, plan.get("key_name"))
+        problems += _offerings(ec2, plan)
+        problems += _trn_quota(ec2, plan, prices, log)
+    except (NoCredentialsError, PartialCredentialsError) as err:   # a deployment's setup, not a blip
+        return [f"AWS connection {aws_conn_id!r}: {err}; nothing in the account could be checked"]
+    return problems
+
+
+def _readable(s3: Any, param: str, uri: str | None) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    try:
+        bucket, key = split_s3_uri(uri or "")
+    except ValueError as err:
+        return [f"{param}: {err}"]
+    try:
+        if not s3.check_for_bucket(bucket):
+            return [f"{param}: bucket {bucket} does not exist (or is not visible to these credentials)"]
+        if s3.head_object(key, bucket) is None:
+            return [f"{param}: no object s3://{bucket}/{key}"]
+    except ClientError as err:
+        if not _deterministic(err):
+            raise
+        return [f"{param}: s3://{bucket}/{key} is not readable: {_code(err) or err}"]
+    return []
+
+
+def _writable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    try:
+        bucket, prefix = split_s3_uri(uri or "")
+    except ValueError as err:
+        return [f"{param}: {err}"]
+    key = "/".join(p for p in (prefix.strip("/"), "_preflight", probe_name) if p)
+    try:
+        if not s3.check_for_bucket(bucket):
+            return [f"{param}: bucket {bucket} does not exist (or is not visible to these credentials)"]
+        s3.load_string("preflight write check", key, bucket, replace=True)
+        s3.delete_objects(bucket, [key])
+    except ClientError as err:
+        if not _deterministic(err):
+            raise
+        return [f"{param}: cannot write to s3://{bucket}/{prefix}: {_code(err) or err}"]
+    return []
+
+
+def _key_pair(ec2: Any, key_name: str | None) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    if not key_name:
+        return ["key_name: empty; the head node needs an EC2 key pair"]
+    try:
+        ec2.describe_key_pairs(key_name)
+    except ClientError as err:
+        if not _deterministic(err):
+            raise
+        if _code(err) == "InvalidKeyPair.NotFound":
+            return [f"key_name: no key pair {key_name!r} in {ec2.region_name}"]
+        return [f"key_name: cannot read key pair {key_name!r}: {_code(err) or err}"]
+    return []
+
+
+def _offerings(ec2: Any, plan: dict[str, Any]) -> list[str]:
+    from botocore.exceptions import ClientError
+
+    zone = plan.get("availability_zone_id")
+    wanted = {"instance_type": plan.get("instance_type"), "head_node_instance_type": plan.get("head_node_instance_type")}
+    for queue in plan.get("extra_queues") or []:
+        if isinstance(queue, dict) and queue.get("instance_type"):
+            wanted[f"extra_queues[{queue.get('name')}].instance_type"] = queue["instance_type"]
+    types = sorted({t for t in wanted.values() if t})
+    if not zone or not types:
+        return []
+    try:
+        offered = set(ec2.describe_instance_type_offerings(zone, types))
+    except ClientError as err:
+        if not _deterministic(err):
+            raise
+        return [f"availability_zone_id: cannot list instance type offerings in {zone}: {_code(err) or err}"]
+    return [f"{param}: {itype} is not offered in availability zone id {zone} (pick another AZ id or type)"
+            for param, itype in wanted.items() if itype and itype not in offered]
+
+
+def _trn_quota(ec2: Any, plan: dict[str, Any], prices: dict[str, Any], log: Any) -> list[str]:
+    """The account's Running On-Demand Trn instances quota (vCPUs) against max_nodes."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE
+
+    itype = str(plan.get("instance_type") or "")
+    vcpus = (prices.get("instances", {}).get(itype) or {}).get("vcpus")
+    if not itype.startswith("trn") or not vcpus or not isinstance(plan.get("max_nodes"), int):
+        return []
+    needed = plan["max_nodes"] * int(vcpus)
+    try:
+        quota = ec2.get_service_quota("ec2", TRN_VCPU_QUOTA_CODE)
+    except (ClientError, BotoCoreError) as err:
+        log.warning("Trn vCPU quota not checked: Service Quotas did not answer (%s); max_nodes %d × %d vCPUs "
+                    "needs %d", _code(err) or err, plan["max_nodes"], vcpus, needed)
+        return []
+    log.info("Trn vCPU quota %s: %.0f vCPUs; max_nodes %d × %d needs %d", TRN_VCPU_QUOTA_CODE, quota,
+             plan["max_nodes"], vcpus, needed)
+    if needed > quota:
+        return [f"max_nodes: {plan['max_nodes']} × {itype} needs {needed} vCPUs, over the account's Running "
+                f"On-Demand Trn instances quota of {quota:.0f} ({TRN_VCPU_QUOTA_CODE}); request an increase "
+                "or lower max_nodes"]
+    return []

@@ -1,0 +1,122 @@
+"""delete_cluster: the teardown of pcluster_create, then what the cluster cost, from EC2."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from ultracluster.clock import utc_now
+from ultracluster.links import ParallelClusterStackLink
+from ultracluster.operators._usage import record_usage
+from ultracluster.operators.pcluster import _ClusterWaitMixin, _region_from_arn
+from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS
+from ultracluster.tags import cluster_owner
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
+    """
+    Teardown of pcluster_create: delete this run's cluster and wait (deferrably) until it is gone.
+
+    Gone already counts as success. DELETE_FAILED is retried with delete-cluster up to
+    ``max_delete_attempts`` times; a cluster not tagged with this run is never touched.
+
+    Once deleted, it bills the run from EC2: each instance tagged with the cluster, from its launch
+    to its termination (``cost.instance_usage``), into the XCom's ``usage`` and, when the run's
+    results were collected (``results_uri``), into ``usage.json`` and results.json's ``usage``.
+
+    :param aws_conn_id: EC2 (describe-instances) and S3.
+    :param results_uri: the run's results folder (collect_results' ``artifacts_uri``); None: XCom only.
+    :param fsx_storage_capacity_gib: FSx for Lustre billed over the head node's life; None: no FSx.
+    """
+
+    template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib")
+    operator_extra_links = (ParallelClusterStackLink(),)
+    ui_color = "#ffd39b"
+
+    def __init__(
+        self,
+        *,
+        cluster_name: str,
+        pcluster_conn_id: str = "pcluster_default",
+        aws_conn_id: str | None = "aws_default",
+        region_name: str | None = None,
+        results_uri: str | None = None,
+        fsx_storage_capacity_gib: Any = None,
+        poll_interval: float = 30,
+        max_attempts: int = 120,
+        max_delete_attempts: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_name = cluster_name
+        self.aws_conn_id = aws_conn_id
+        self.results_uri = results_uri
+        self.fsx_storage_capacity_gib = fsx_storage_capacity_gib
+        self.pcluster_conn_id = pcluster_conn_id
+        self.region_name = region_name
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+        self.max_delete_attempts = max_delete_attempts
+
+    def hook(self):
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+
+        return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
+
+    def execute(self, context: Context) -> dict:
+        return self._delete(context, delete_attempt=1)
+
+    def _delete(self, context: Context, delete_attempt: int) -> dict:
+        from ultracluster.parsers.pcluster import ClusterNotFoundError
+
+        hook = self.hook()
+        if not self.cluster_name:
+            self.log.info("No cluster name: nothing to delete")
+            return {"cluster_name": None, "deleted": False}
+        try:
+            description = hook.describe_cluster(self.cluster_name)
+        except ClusterNotFoundError:
+            self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
+            return {"cluster_name": self.cluster_name, "deleted": True}
+        owner = cluster_owner(description)
+        if owner != context["run_id"]:
+            self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
+            return {"cluster_name": self.cluster_name, "deleted": False}
+        ParallelClusterStackLink.persist(
+            context=context,
+            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
+            stack_name=description.get("cloudformationStackArn") or self.cluster_name,
+        )
+        if description.get("clusterStatus") != DELETE_IN_PROGRESS:
+            try:
+                hook.delete_cluster(self.cluster_name)
+            except ClusterNotFoundError:
+                return {"cluster_name": self.cluster_name, "deleted": True}
+            self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
+        self.defer(
+            trigger=self._status_trigger("ClusterDeleteComplete"),
+            method_name="execute_complete",
+            kwargs={"delete_attempt": delete_attempt},
+        )
+        raise AssertionError("unreachable")
+
+    def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
+        if event.get("status") == "success":
+            deleted_at = utc_now()
+            self.log.info("Cluster %s deleted", self.cluster_name)
+            usage = record_usage(self, deleted_at)
+            return {"cluster_name": self.cluster_name, "deleted": True, "deleted_at": deleted_at, "usage": usage}
+        self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
+        for failure in event.get("failures") or []:
+            self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
+        if event.get("status") == "failure" and delete_attempt < self.max_delete_attempts:
+            return self._delete(context, delete_attempt + 1)
+        arn = (event.get("description") or {}).get("cloudformationStackArn")
+        raise RuntimeError(
+            f"Cluster {self.cluster_name} not deleted after {delete_attempt} attempt(s): {event.get('message')}"
+            + (f"; inspect stack {arn}" if arn else "")
+        )
