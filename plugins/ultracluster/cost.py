@@ -120,6 +120,9 @@ def instance_usage(lives: list[dict[str, Any]], prices: dict[str, Any],
         "head_node_hours": round(hours["HeadNode"], 4), "compute_usd": _money(usd["Compute"]),
         "head_node_usd": _money(usd["HeadNode"]), "fsx_usd": _money(fsx_usd), "usd": _money(total),
         "unpriced_types": sorted(unpriced), "unended": sum(1 for life in lives if life.get("ended") != "yes"),
+        # When the last instance ended (None while any runs): the cluster's end, as EC2 saw it.
+        "ended_at": None if not lives or any(life.get("ended") != "yes" for life in lives)
+        else max(life["ended_at"] for life in lives),
     }
 
 

@@ -444,6 +444,10 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
                              ["Body"].read())
         assert written["usage"] == usage == json.loads(s3.get_object(
             Bucket="ultracluster-artifacts", Key="results/localtest/usage.json")["Body"].read())
+        # A retry (Airflow's deferral race can fail a try whose delete went through) finds the
+        # cluster gone and still bills it: the same instances, ended at the delete.
+        again = delete_op(cluster_name=config["cluster_name"], region_name=REGION).execute(context)
+        assert again["usage"]["usd"] == usage["usd"] and again["deleted_at"] == usage["ended_at"] is not None
     finally:
         result = run_to_completion(delete_vpc(network, config and config["cluster_name"]), context)
     assert result["deleted"] is True

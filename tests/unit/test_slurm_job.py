@@ -362,6 +362,16 @@ def test_failure_message_has_state_exit_code_and_log_tail(training_dir):
     assert store.values["slurm_log_offset"] == {"job_id": "4", "offset": 10}
 
 
+def test_the_jobs_own_uc_error_fails_at_once_without_retries(training_dir):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    tail = "UC_INFO launcher torchrun\nUC_ERROR GRAD_ACCUM_USTEPS=3 is not divisible by 2 nodes\n"
+    op = operator(ReplayHeadNode(tail=[CommandResult(0, tail, "")]), training_dir)
+    with pytest.raises(AirflowFailException, match=r"refused its input \(UC_ERROR\): GRAD_ACCUM_USTEPS=3 is not "
+                                                   r"divisible by 2 nodes"):
+        op.execute_complete(context(), {"status": "failed", "job_id": "9", "state": "FAILED", "exit_code": 2})
+
+
 @pytest.mark.parametrize("state", ["TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"])
 def test_every_failure_state_fails_the_task(training_dir, state):
     op = operator(ReplayHeadNode(tail=[OK]), training_dir)

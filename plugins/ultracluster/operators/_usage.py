@@ -49,11 +49,13 @@ def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
     now = datetime.now(timezone.utc)
     usage = instance_usage([instance_life(i, now) for i in instances], prices, _fsx_gib(op.fsx_storage_capacity_gib))
     usage.update(cluster_name=op.cluster_name, measured_at=deleted_at)
+    money = {k: "unknown" if usage[k] is None else f"{usage[k]:.2f}"
+             for k in ("usd", "compute_usd", "head_node_usd", "fsx_usd")}
     op.log.info(
-        "Cluster %s used %s instance-hours (compute nodes %s h, head node %s h) over %d instances: "
+        "Cluster %s used %.3f instance-hours (compute nodes %.3f h, head node %.3f h) over %d instances: "
         "$%s (compute $%s, head node $%s, FSx $%s)%s", op.cluster_name, usage["instance_hours"],
-        usage["compute_node_hours"], usage["head_node_hours"], usage["instances"], usage["usd"],
-        usage["compute_usd"], usage["head_node_usd"], usage["fsx_usd"],
+        usage["compute_node_hours"], usage["head_node_hours"], usage["instances"], money["usd"],
+        money["compute_usd"], money["head_node_usd"], money["fsx_usd"],
         f"; no price for {', '.join(usage['unpriced_types'])}" if usage["unpriced_types"] else "")
     if usage["unended"]:
         op.log.warning("%d instance(s) of %s not terminated yet: counted up to now", usage["unended"], op.cluster_name)

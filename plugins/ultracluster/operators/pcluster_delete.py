@@ -81,7 +81,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
             description = hook.describe_cluster(self.cluster_name)
         except ClusterNotFoundError:
             self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
-            return {"cluster_name": self.cluster_name, "deleted": True}
+            return self._gone()
         owner = cluster_owner(description)
         if owner != context["run_id"]:
             self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
@@ -95,7 +95,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
             try:
                 hook.delete_cluster(self.cluster_name)
             except ClusterNotFoundError:
-                return {"cluster_name": self.cluster_name, "deleted": True}
+                return self._gone()
             self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
         self.defer(
             trigger=self._status_trigger("ClusterDeleteComplete"),
@@ -103,6 +103,13 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
             kwargs={"delete_attempt": delete_attempt},
         )
         raise AssertionError("unreachable")
+
+    def _gone(self) -> dict:
+        """The cluster is gone already (an earlier try deleted it: a retry reattaches). Its name is
+        this run's (render_config's), so its instances, still listed by EC2, are this run's bill."""
+        usage = record_usage(self, utc_now())
+        return {"cluster_name": self.cluster_name, "deleted": True,
+                "deleted_at": (usage or {}).get("ended_at"), "usage": usage}
 
     def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
         if event.get("status") == "success":

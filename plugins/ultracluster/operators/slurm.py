@@ -342,7 +342,13 @@ class SlurmJobOperator(BaseOperator):
         if event.get("status") == "budget":
             raise AirflowFailException(str(event.get("message")))
         if event.get("status") != "success":
-            raise AirflowException(self._failure_message(event, log_path))
+            from ultracluster.parsers.progress import error_reasons
+
+            message = self._failure_message(event, log_path)
+            reasons = error_reasons(message)
+            if reasons:   # the run script's own checks: deterministic, so no retry
+                raise AirflowFailException(f"The job refused its input (UC_ERROR): {'; '.join(reasons)}\n{message}")
+            raise AirflowException(message)
         output_dir = posixpath.join(self._output_root(), f"output_{job_id}")
         result = {
             "job_id": job_id,

@@ -42,6 +42,13 @@ def _number(value: str | None, kind: type = float):
         return None
 
 
+def error_reasons(text: str) -> list[str]:
+    """The reasons of the ``UC_ERROR <reason>`` lines in ``text``: the job refusing its own input,
+    which no retry can fix."""
+    return [line[line.find(ERROR_PREFIX) + len(ERROR_PREFIX):].strip()
+            for line in text.splitlines() if ERROR_PREFIX in line]
+
+
 def has_marker(line: str) -> bool:
     return any(marker in line for marker in MARKERS)
 
