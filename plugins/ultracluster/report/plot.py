@@ -44,8 +44,15 @@ def plot_png(report: Mapping[str, Any]) -> bytes:
         axes.plot([ref["nodes"]], [ref["seq_per_s"]], marker, color=color, markersize=11, linestyle="none",
                   label=f"reference: {ref.get('label')}")
     axes.set_xlabel("Trn1 nodes" + (f" ({report['instance_type']})" if report.get("instance_type") else ""))
-    axes.set_ylabel("throughput (sequences/s)")
-    axes.grid(True, alpha=0.3)
+    values = [r["average_throughput_seq_per_s"] for r in done] + [
+        ref["seq_per_s"] for ref in report.get("references") or [] if ref.get("seq_per_s")]
+    # Measured points far below the references (a small or local cluster): a linear axis would
+    # flatten them into a line on zero.
+    log_scale = bool(values) and min(values) > 0 and max(values) / min(values) > 100
+    if log_scale:
+        axes.set_yscale("log")
+    axes.set_ylabel("throughput (sequences/s)" + (", log scale" if log_scale else ""))
+    axes.grid(True, alpha=0.3, which="both" if log_scale else "major")
     handles, labels = axes.get_legend_handles_labels()
 
     with_efficiency = [r for r in done if r.get("efficiency") is not None]
