@@ -38,8 +38,8 @@ def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
         op.log.warning("Actual cost unknown: describe-instances of cluster %s failed: %s", op.cluster_name, err)
         return None
     if not instances:
-        op.log.warning("Actual cost unknown: EC2 lists no instance tagged parallelcluster:cluster-name=%s "
-                       "(terminated instances stay listed for about an hour)", op.cluster_name)
+        op.log.warning("No cost recorded: EC2 lists no instance tagged parallelcluster:cluster-name=%s (none "
+                       "was launched, or they ended over an hour ago and EC2 no longer lists them)", op.cluster_name)
         return None
     try:
         prices = load_prices()
