@@ -15,9 +15,8 @@ ticks cover each point once. The backfill spans the most recent ``len(points)`` 
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timedelta, timezone
-
 import time
+from datetime import datetime, timedelta, timezone
 
 from ultracluster.cli.client import AirflowClient, CliError, segment
 from ultracluster.cli.follow import Followed, follow, run_path, say, task_instances, xcom_value
@@ -148,8 +147,12 @@ class shared_network:  # noqa: N801 - used as a context manager
     def __exit__(self, kind, error, trace) -> None:
         if error is not None and self.run_id:
             say(f"sweep {self.args.id}: points not started; releasing the network ({NETWORK_DAG} run {self.run_id})")
-            self.client.patch(f"{run_path(NETWORK_DAG, self.run_id)}/taskInstances/hold_network",
-                              {"new_state": "success"})
+            try:
+                self.client.patch(f"{run_path(NETWORK_DAG, self.run_id)}/taskInstances/hold_network",
+                                  {"new_state": "success"})
+            except CliError as failed:   # the first error is the one to report
+                say(f"sweep {self.args.id}: could not release the network ({failed}); mark {NETWORK_DAG} run "
+                    f"{self.run_id}'s hold_network success in the UI, or it is held for max_hold_hours")
 
 
 def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: list[int],
