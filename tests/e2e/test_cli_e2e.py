@@ -1,17 +1,20 @@
 """The `ultracluster` console script against a real Airflow (the session's ``airflow_local``): its login
 (the password from the local passwords file, a wrong one refused), a backfill dry run that plans
-exactly the CLI's weekly window, the server's own rejection of a bad sweep conf, a missing run.
+exactly the CLI's weekly window (and `airflow backfill create --dry-run` plans it with a sweep conf),
+the server's own rejection of a bad sweep conf, a missing run.
 Creates no run and leaves the DAG's paused state alone: the other end-to-end tests share this Airflow."""
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, RUNTIME_READY, VENVS
+from tests.e2e.conftest import DAG_ID, REPO, RUNTIME_READY, VENVS
 from ultracluster.cli.sweeps import iso, past_ticks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -48,6 +51,20 @@ def test_the_cli_against_a_real_airflow(airflow_local):
     assert done.stdout.splitlines()[0] == (f"sweep e2e-cli: backfill {DAG_ID} from {ticks[0]} to {ticks[1]}; "
                                            "the dry run plans 2 runs:")
     assert [line.split()[0] for line in done.stdout.splitlines()[1:]] == ticks
+
+    # The same window through `airflow backfill create`, as a user runs it on the deployment (with
+    # scripts/env.sh's settings): the sweep conf is accepted and both ticks planned; a bad one refused.
+    def airflow_cli(*args: str) -> subprocess.CompletedProcess:
+        command = ". scripts/env.sh && airflow " + " ".join(shlex.quote(arg) for arg in args)
+        return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+    sweep = {"sweep": {"id": "e2e-cli", "num_nodes": [1, 2], "scaling_mode": "weak"}}
+    window = ("backfill", "create", "--dag-id", DAG_ID, "--from-date", ticks[0], "--to-date", ticks[1], "--dry-run")
+    done = airflow_cli(*window, "--dag-run-conf", json.dumps(sweep))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert all(tick[:10] in done.stdout for tick in ticks), done.stdout
+    done = airflow_cli(*window, "--dag-run-conf", json.dumps({"sweep": {"id": "Bad Id", "num_nodes": [1, 2]}}))
+    assert done.returncode != 0 and "Bad Id" in done.stdout + done.stderr, done.stdout[-2000:] + done.stderr[-2000:]
 
     # A sweep id the DAG's params reject: the server's message, on one line.
     done = ultracluster(api.base, "--password", api.password, "sweep", "--id", "Bad Id", "--nodes", "1,2",
