@@ -17,10 +17,10 @@ setup:  ## apt packages, the three venvs and the local dataset (only what is mis
 	@bash scripts/setup_venvs.sh
 	@bash scripts/build_local_dataset.sh "$(LOCAL_ULTRACLUSTER_HOME)/dataset"
 
-up: setup  ## start the local UltraCluster's AWS stand-in (moto, buckets, key pair, dataset) and Airflow
+up: setup  ## start the local UltraCluster's AWS stand-in (moto, buckets, key pair, dataset), PostgreSQL and Airflow
 	@bash scripts/up.sh
 
-down:  ## stop everything `make up` and the demo started: clusters, daemons, moto, Airflow
+down:  ## stop everything `make up` and the demo started: clusters, daemons, moto, Airflow, PostgreSQL
 	@bash scripts/down.sh
 
 demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a results summary
