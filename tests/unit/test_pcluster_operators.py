@@ -257,6 +257,75 @@ def test_a_cluster_that_fits_beside_the_others_is_created(env, tmp_path):
                            "describe-cluster"]
 
 
+def other_cluster(tmp_path, status: str, nodes_tag: int | None) -> None:
+    """list-clusters/describe-cluster of another cluster ``uc-other`` in ``status``; tagged with its
+    node count or not (a cluster made by hand)."""
+    description = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
+    description.update(clusterName="uc-other", clusterStatus=status)
+    description["tags"] = [t for t in description["tags"] if not t["key"].startswith("ultracluster:")]
+    if nodes_tag is not None:
+        description["tags"].append({"key": "ultracluster:nodes", "value": str(nodes_tag)})
+    (tmp_path / "describe_other.json").write_text(json.dumps(description))
+    listed = json.loads((FIXTURES / "list_clusters.json").read_text())
+    listed["clusters"].append({**listed["clusters"][0], "clusterName": "uc-other", "clusterStatus": status})
+    (tmp_path / "list_other.json").write_text(json.dumps(listed))
+
+
+def launch(cluster: str, node_type: str, count: int = 1, terminate: bool = False) -> None:
+    """EC2 instances tagged as ParallelCluster tags a cluster's nodes (moto)."""
+    ec2 = boto3.client("ec2", region_name=REGION)
+    tags = [{"Key": "parallelcluster:cluster-name", "Value": cluster},
+            {"Key": "parallelcluster:node-type", "Value": node_type}]
+    ids = [i["InstanceId"] for i in ec2.run_instances(
+        ImageId="ami-12c6146b", MinCount=count, MaxCount=count, InstanceType="trn1.32xlarge",
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"]]
+    if terminate:
+        ec2.terminate_instances(InstanceIds=ids)
+
+
+@pytest.mark.parametrize("status, nodes_tag, live, fits", [
+    # A stuck delete counts what still runs, not its MaxCount: 1 live of 4 leaves room for 2 under 3.
+    ("DELETE_FAILED", 4, 1, True),
+    ("DELETE_FAILED", 4, 2, False),
+    # A cluster made by hand (no node tag) counts its live compute instances, never 0.
+    ("CREATE_COMPLETE", None, 2, False),
+    ("CREATE_COMPLETE", None, 1, True),
+])
+def test_the_cap_counts_live_instances_of_stuck_and_untagged_clusters(env, tmp_path, status, nodes_tag, live, fits):
+    other_cluster(tmp_path, status, nodes_tag)
+    launch("uc-other", "HeadNode")
+    launch("uc-other", "Compute", count=2, terminate=True)  # gone: they hold nothing
+    launch("uc-other", "Compute", count=live)
+    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), str(tmp_path / "describe_other.json"),
+                "describe_cluster_create_in_progress.json")
+    env.respond("list-clusters", str(tmp_path / "list_other.json"))
+    env.respond("create-cluster", "create_cluster.json")
+    with pytest.raises(TaskDeferred) as deferred:
+        create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=3).execute(make_context())
+    assert ("create-cluster" in env.verbs()) is fits
+    assert deferred.value.method_name == ("execute_complete" if fits else "admission_retry")
+
+
+def test_waiting_for_room_past_the_limit_fails_naming_what_holds_the_cap(env, tmp_path):
+    import time
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    other_cluster(tmp_path, "CREATE_COMPLETE", 3)
+    looks = [("error_describe_cluster_not_found.json", 1), str(tmp_path / "describe_other.json")] * 3
+    env.respond("describe-cluster", *looks)
+    env.respond("list-clusters", str(tmp_path / "list_other.json"))
+    op = create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=3, max_admission_wait=60)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    since = deferred.value.kwargs["waiting_since"]
+    with pytest.raises(TaskDeferred):  # within the limit: waits again, from the same start
+        op.admission_retry(make_context(), None, waiting_since=since)
+    with pytest.raises(AirflowFailException, match=r"still held: uc-other: 3 \(MaxCount\)"):
+        op.admission_retry(make_context(), None, waiting_since=time.time() - 61)
+    assert "create-cluster" not in env.verbs()
+
+
 def test_a_cluster_bigger_than_the_cap_fails_at_once(env):
     from airflow.sdk.exceptions import AirflowFailException
 

@@ -77,6 +77,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         MaxCount) must fit beside those of every other tagged cluster in the region, or the task
         waits (deferred) without creating anything. Run the task in a one-slot pool so that two
         runs never check and create at the same time.
+    :param max_admission_wait: seconds to wait for room under the cap before failing (None: forever).
     Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
     "config_s3_uri"}``.
     """
@@ -97,10 +98,13 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         poll_interval: float = 30,
         max_attempts: int = 240,
         max_live_nodes: int | None = None,
+        max_admission_wait: float | None = 24 * 3600,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_live_nodes = max_live_nodes
+        self.max_admission_wait = max_admission_wait
+        self._waiting_since: float | None = None
         self.cluster_config = cluster_config
         self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
@@ -150,14 +154,16 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         return self._continue(context, hook, description)
 
     def _admit(self, hook) -> None:
-        """Return when this cluster fits under the node cap; defer and look again when it does not."""
+        """Return when this cluster fits under the node cap; defer and look again when it does not
+        (operators/_admission.py says what each cluster counts)."""
+        import time
         from datetime import timedelta
 
         from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
         from airflow.sdk.exceptions import AirflowFailException
 
-        from ultracluster.parsers.pcluster import ClusterNotFoundError
-        from ultracluster.tags import cluster_nodes
+        from ultracluster.hooks.cluster_instances import ClusterInstancesHook
+        from ultracluster.operators._admission import describe_held, nodes_held
 
         if not self.max_live_nodes:
             return
@@ -165,25 +171,28 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         if mine > self.max_live_nodes:
             raise AirflowFailException(f"Cluster {self.cluster_name} can hold {mine} nodes, more than the "
                                        f"deployment's cap of {self.max_live_nodes} nodes alive at once")
-        alive: dict[str, int] = {}
-        for cluster in hook.list_clusters():
-            name = cluster.get("clusterName")
-            if name == self.cluster_name or cluster.get("clusterStatus") == DELETE_COMPLETE:
-                continue
-            try:
-                alive[name] = cluster_nodes(hook.describe_cluster(name)) or 0
-            except ClusterNotFoundError:
-                continue
-        used = sum(alive.values())
+        ec2 = ClusterInstancesHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name or None)
+        held = nodes_held(hook, ec2.describe_instances, exclude=self.cluster_name)
+        used = sum(nodes for nodes, _ in held.values())
         if used + mine <= self.max_live_nodes:
-            self.log.info("Node cap: %d of %d nodes alive; this cluster's %d fit", used, self.max_live_nodes, mine)
+            self.log.info("Node cap: %d of %d nodes held (%s); this cluster's %d fit",
+                          used, self.max_live_nodes, describe_held(held), mine)
             return
-        self.log.info("Node cap: %d of %d nodes alive (%s); waiting for room for %d before creating %s",
-                      used, self.max_live_nodes, ", ".join(f"{n}: {c}" for n, c in sorted(alive.items())),
-                      mine, self.cluster_name)
-        self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.poll_interval)), method_name="admission_retry")
+        since = self._waiting_since or time.time()
+        waited = time.time() - since
+        if self.max_admission_wait is not None and waited >= self.max_admission_wait:
+            # Nothing was created: failing costs nothing, and waiting on would hide a stuck cluster.
+            raise AirflowFailException(
+                f"Node cap: waited {waited / 3600:.1f} h for room for {mine} node(s) under the cap of "
+                f"{self.max_live_nodes}; still held: {describe_held(held)}. Delete what is stuck or raise "
+                "max_live_nodes")
+        self.log.info("Node cap: %d of %d nodes held (%s); waiting for room for %d before creating %s",
+                      used, self.max_live_nodes, describe_held(held), mine, self.cluster_name)
+        self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.poll_interval)), method_name="admission_retry",
+                   kwargs={"waiting_since": since})
 
-    def admission_retry(self, context: Context, event: Any = None) -> dict:
+    def admission_retry(self, context: Context, event: Any = None, waiting_since: float | None = None) -> dict:
+        self._waiting_since = waiting_since
         return self.execute(context)
 
     def _create(self, hook) -> None:
