@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-setup:  ## apt packages, the three venvs and the local dataset (only what is missing)
+setup:  ## apt packages, the venvs and the local dataset (only what is missing)
 	@bash scripts/setup_apt.sh
 	@bash scripts/setup_venvs.sh
 	@bash scripts/build_local_dataset.sh "$(LOCAL_ULTRACLUSTER_HOME)/dataset"
@@ -32,6 +32,7 @@ test: setup  ## run the whole test suite (starts and stops its own daemons)
 lock:  ## re-resolve the pins into the lock files
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 localcluster/pyproject.toml -o localcluster/requirements.lock
+	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements-pcluster.txt -o requirements-pcluster.lock
 
 clean: down  ## remove the venvs and the local state
 	rm -rf $(VENVS) .airflow "$(LOCAL_ULTRACLUSTER_HOME)"

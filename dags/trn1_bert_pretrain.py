@@ -20,6 +20,7 @@ from datetime import timedelta
 import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401 - pre-imported by the DAG processor
 from airflow.sdk import DAG, Asset
 
+from ultracluster.operators.compile_cache import CompileCacheOperator
 from ultracluster.operators.config import (
     TRAINING_QUEUE,
     RenderClusterConfigOperator,
@@ -68,6 +69,8 @@ JOB_ENV = {
     "DATA_DIR": "{{ ti.xcom_pull(task_ids='download_data')['data_dir'] }}",
     "OUTPUT_ROOT": JOB_DIR,
     "COMPILE_CACHE_DIR": COMPILE_CACHE_DIR,
+    # Compiler work dirs and temporary files on the node's NVMe when it has it (else /tmp).
+    "LOCAL_SCRATCH_DIR": "{{ params.local_scratch_dir }}",
     "MODEL_SIZE": "{{ params.model_size }}",
     "TRAINING_PYTHON": "{{ params.training_python }}",
     "SWEEP_POINT": "{{ plan(ti).sweep_point }}",  # JSON in the job's environment; into results.json
@@ -131,6 +134,8 @@ with DAG(
         region_name="{{ params.region }}",
         key_name="{{ params.key_name }}",
         image_os="{{ params.image_os }}",
+        custom_ami="{{ params.custom_ami }}",
+        log_retention_days="{{ params.log_retention_days }}",
         head_node_instance_type="{{ params.head_node_instance_type }}",
         instance_type="{{ params.instance_type }}",
         min_nodes="{{ plan(ti).min_nodes }}",
@@ -143,6 +148,8 @@ with DAG(
         compile_cache_s3_uri="{{ params.compile_cache_s3_uri }}",
         extra_tags="{{ params.extra_tags }}",
         aws_conn_id=AWS_CONN_ID,
+        # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
+        pcluster_conn_id=PCLUSTER_CONN_ID,
     )
 
     pcluster_create = CreateClusterOperator(
@@ -177,6 +184,25 @@ with DAG(
         ssh_conn_id=SSH_CONN_ID,
     )
 
+    # The compile cache outlives the cluster in S3 (compile_cache_s3_uri; null: not kept), keyed by
+    # what determines the graphs.
+    compile_cache = dict(
+        head_node=wait_for_fleet.output,
+        compile_cache_s3_uri="{{ params.compile_cache_s3_uri }}",
+        cache_dir=COMPILE_CACHE_DIR,
+        cache_facts={
+            "model_size": "{{ params.model_size }}",
+            "micro_batch": "{{ params.batch_size }}",
+            "procs_per_node": "{{ (params.extra_job_env or {}).get('NPROC_PER_NODE', '') }}",
+            "instance_type": "{{ params.instance_type }}",
+            "training_python": "{{ params.training_python }}",
+        },
+        aws_conn_id=AWS_CONN_ID,
+        ssh_conn_id=SSH_CONN_ID,
+    )
+    restore_compile_cache = CompileCacheOperator(task_id="restore_compile_cache", action="restore", **compile_cache)
+    save_compile_cache = CompileCacheOperator(task_id="save_compile_cache", action="save", **compile_cache)
+
     # Compile and train are the same Slurm job, run under neuron_parallel_compile or not.
     same_slurm_job = dict(
         head_node=wait_for_fleet.output,
@@ -194,6 +220,8 @@ with DAG(
     parallel_compile = SlurmJobOperator(
         task_id="parallel_compile",
         launcher="neuron_parallel_compile",
+        # Without the launcher the job fails (UC_ERROR); only the local profile opts into compile-only.
+        launcher_fallback_env={"COMPILE_ONLY": "1"} if PROFILE.get("compile_without_launcher") is True else None,
         job_name="{{ dag.dag_id }}-compile",
         **same_slurm_job,
     )
@@ -207,7 +235,11 @@ with DAG(
             "since": "{{ ti.xcom_pull(task_ids='pcluster_create')['created_at'] }}",
         },
         job_name="{{ dag.dag_id }}-train",
-        **same_slurm_job,
+        **{**same_slurm_job, "job_env": {
+            **JOB_ENV,
+            # How parallel_compile ran (launcher or compile-only): into results.json.
+            "COMPILE_LAUNCH": "{{ ti.xcom_pull(task_ids='parallel_compile').get('launch') }}",
+        }},
     )
 
     collect_results = CollectResultsOperator(
@@ -261,3 +293,5 @@ with DAG(
         # the flag on delete_cluster would hide collect_results from the run state.
         >> delete_vpc.as_teardown(setups=create_vpc, on_failure_fail_dagrun=True)
     )
+    wait_for_fleet >> restore_compile_cache >> parallel_compile
+    train >> save_compile_cache >> delete_cluster

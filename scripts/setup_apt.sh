@@ -11,6 +11,7 @@ packages=(
   make git
   chromium fonts-liberation                      # the browser tests drive Debian's chromium (Playwright, no download)
   postgresql                                      # Airflow's metadata database (scripts/postgres.sh)
+  nodejs                                          # the real pcluster (.venvs/pcluster) needs node for create-cluster
 )
 missing=()
 for p in "${packages[@]}"; do

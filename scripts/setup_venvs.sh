@@ -5,6 +5,8 @@
 #   .venvs/airflow       requirements.lock + plugins/ (editable) — Airflow, providers, product, test tools
 #   .venvs/localcluster  localcluster/ — the pcluster-compatible CLI and moto server
 #   .venvs/training      include/training/requirements.txt — torch CPU, transformers (scripts/setup_training_venv.sh)
+#   .venvs/pcluster      requirements-pcluster.lock — the real aws-parallelcluster CLI (its schema checks
+#                        the rendered config in the tests; it cannot share Airflow's venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -40,6 +42,14 @@ if ! fresh "$venvs/localcluster" "$stamp"; then
   "$uv" pip sync -q -p "$venvs/localcluster/bin/python" localcluster/requirements.lock
   "$uv" pip install -q --no-deps -p "$venvs/localcluster/bin/python" -e localcluster
   echo "$stamp" > "$venvs/localcluster/.stamp"
+fi
+
+stamp=$(inputs_hash requirements-pcluster.lock)
+if ! fresh "$venvs/pcluster" "$stamp"; then
+  echo "setup: building .venvs/pcluster"
+  "$uv" venv -q --allow-existing -p "$python" "$venvs/pcluster"
+  "$uv" pip sync -q -p "$venvs/pcluster/bin/python" requirements-pcluster.lock
+  echo "$stamp" > "$venvs/pcluster/.stamp"
 fi
 
 bash scripts/setup_training_venv.sh

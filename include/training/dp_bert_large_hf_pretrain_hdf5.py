@@ -696,6 +696,8 @@ def train(args, runtime: Runtime) -> int:
             "End step": step,
             "Resumed from": str(resumed_from) if resumed_from else None,
             "Compile only": args.compile_only,
+            # How parallel_compile ran: {"mode": neuron_parallel_compile|compile_only, "path"} (COMPILE_LAUNCH).
+            "Compile step": json.loads(os.environ.get("COMPILE_LAUNCH") or "null"),
             # The scaling-sweep point this run trained (SWEEP_POINT, JSON from the pipeline), or None.
             "Sweep": json.loads(os.environ.get("SWEEP_POINT") or "null"),
         }

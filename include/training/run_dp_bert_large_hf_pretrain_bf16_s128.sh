@@ -64,6 +64,7 @@ OUTPUT_ROOT="${OUTPUT_ROOT:-$PWD}"
 COMPILE_CACHE_DIR="${COMPILE_CACHE_DIR:-$OUTPUT_ROOT/compile_cache}"
 TRAINING_PYTHON="${TRAINING_PYTHON:-python3}"
 RESUME_DIR="${RESUME_DIR:-}"
+LOCAL_SCRATCH_DIR="${LOCAL_SCRATCH_DIR:-}"
 
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
     if (( on_trn1 )); then
@@ -163,6 +164,18 @@ output_dir="$OUTPUT_ROOT/output_$job_id"
 mkdir -p "$output_dir" "$COMPILE_CACHE_DIR" || fail "cannot create '$output_dir' or '$COMPILE_CACHE_DIR'"
 log_file="$output_dir/log_ph1_bf16_${node_rank}_${node_count}"
 
+# Node-local scratch (a compute node's NVMe): temporary files and compiler work directories go to a
+# directory per job and node there, when the node has it; the compile cache stays on shared storage.
+# Named but missing (no EphemeralVolume mounted): an error, not a quiet fall back to the small root volume.
+scratch_dir=""
+if [[ -n "$LOCAL_SCRATCH_DIR" ]]; then
+    [[ -d "$LOCAL_SCRATCH_DIR" && -w "$LOCAL_SCRATCH_DIR" ]] \
+        || fail "LOCAL_SCRATCH_DIR '$LOCAL_SCRATCH_DIR' is not a writable directory on $(hostname) (is the node's EphemeralVolume mounted?)"
+    scratch_dir="$LOCAL_SCRATCH_DIR/ultracluster-${job_id}-${node_rank}"
+    mkdir -p "$scratch_dir/tmp" || fail "cannot create '$scratch_dir/tmp' in LOCAL_SCRATCH_DIR"
+    export TMPDIR="$scratch_dir/tmp"
+fi
+
 if (( on_trn1 )); then
     export FI_PROVIDER=efa FI_EFA_USE_DEVICE_RDMA=1 FI_EFA_FORK_SAFE=1
     # One cache on shared storage: the compile job fills it, every node of the run reuses it.
@@ -187,7 +200,7 @@ fi
 echo "UC_INFO node=$node_rank/$node_count host=$(hostname) master=$master_addr:$MASTER_PORT" \
      "model=$MODEL_SIZE scaling_mode=$SCALING_MODE workers_per_node=$NPROC_PER_NODE" \
      "grad_accum_usteps=$grad_accum global_batch=$global_batch compile_only=$compile_only" \
-     "output_dir=$output_dir"
+     "output_dir=$output_dir scratch=${scratch_dir:-none}"
 
 launch=(
     "$TRAINING_PYTHON" -m torch.distributed.run
@@ -225,5 +238,10 @@ else
     "${launch[@]}" > "$log_file" 2>&1
     status=$?
     (( status == 0 )) || echo "node $node_rank failed with status $status: see $log_file" >&2
+fi
+# A job that succeeded leaves no scratch behind (static nodes live on); a failed one keeps it, with
+# the compiler's work files, until the node's instance store goes with the instance.
+if (( status == 0 )) && [[ -n "$scratch_dir" ]]; then
+    rm -rf "$scratch_dir"
 fi
 exit "$status"

@@ -13,56 +13,31 @@ import shutil
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jmespath
 from botocore.exceptions import BotoCoreError, EndpointConnectionError
 
-from . import shapes, state, validate
+from . import cluster_logs, shapes, state, validate
+from .cli_args import (
+    SUPPRESS_PATTERN,
+    Failure,
+    _add_common,
+    _add_name,
+    _boolean,
+    _file_text,
+    _matching,
+)
 from .aws import Aws, NotLoopback, region_from_env
 from .spec import ClusterSpec
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn, worker_alive
 
-CLUSTER_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9-]+$"
-SUPPRESS_PATTERN = "^(ALL|type:[A-Za-z0-9]+)$"
 REGION_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 FLEET_REQUESTS = ("START_REQUESTED", "STOP_REQUESTED", "ENABLED", "DISABLED")
 DRYRUN_MESSAGE = "Request would have succeeded, but DryRun flag is set."
 UNEXPECTED = ("Unexpected fatal exception. Please look at the application logs for details on the "
               "encountered failure.")
-
-
-class Failure(Exception):
-    """Print payload as JSON and exit 1."""
-
-    def __init__(self, payload: dict[str, Any] | str) -> None:
-        self.payload = payload if isinstance(payload, dict) else {"message": payload}
-        super().__init__(self.payload.get("message", ""))
-
-
-# --- argument types (same messages as pcluster's entrypoint) -------------------------------------
-
-def _matching(pattern: str, param: str, value: str) -> str:
-    if re.match(pattern, value) is None:
-        raise Failure(f"Bad Request: '{value}' does not match '{pattern}' - '{param}'")
-    return value
-
-
-def _boolean(param: str, value: str) -> bool:
-    if value in {"false", "False", "FALSE"}:
-        return False
-    if value in {"true", "True", "TRUE"}:
-        return True
-    raise Failure(f"Bad Request: Wrong type, expected 'boolean' for parameter '{param}'")
-
-
-def _file_text(_param: str, path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise Failure(f"Bad Request: File not found: '{path}'") from None
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -193,6 +168,7 @@ def _start_creation(name: str, region: str, spec: ClusterSpec, config: dict[str,
     state.record("created", name, dict(tags))
     with state.update_state(name) as current:
         current.update(cloudformationStackArn=arn, configBucket=bucket, configKey=key)
+        cluster_logs.stack_started(directory, name, arn)
         current["createWorkerPid"] = spawn("create", directory)
         summary = shapes.cluster_summary(current)
     return {"cluster": summary, **({"validationMessages": kept} if kept else {})}
@@ -292,24 +268,18 @@ def update_compute_fleet(args: argparse.Namespace) -> dict[str, Any]:
     return {"status": args.status, "lastStatusUpdatedTime": now}
 
 
+def cluster_logs_command(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return cluster_logs.run_command(args, _require_state(args.cluster_name), state.cluster_dir(args.cluster_name))
+    except cluster_logs.LogsFailure as error:
+        raise Failure(str(error)) from None
+
+
 def version(_args: argparse.Namespace) -> dict[str, Any]:
     return {"version": shapes.PCLUSTER_VERSION}
 
 
 # --- parser ----------------------------------------------------------------------------------------
-
-def _add_common(sub: argparse.ArgumentParser, region: bool = True) -> None:
-    if region:
-        sub.add_argument("-r", "--region", type=partial(_matching, r"^[a-zA-Z0-9-]+$", "region"),
-                         help="AWS Region that the operation corresponds to.")
-    sub.add_argument("--debug", action="store_true", default=False, help="Turn on debug logging.")
-    sub.add_argument("--query", help="JMESPath query to perform on output.")
-
-
-def _add_name(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("-n", "--cluster-name", required=True, type=partial(_matching, CLUSTER_NAME_PATTERN,
-                     "cluster-name"), help="Name of the cluster")
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -357,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_name(fleet)
     fleet.add_argument("--status", required=True, choices=FLEET_REQUESTS)
 
+    cluster_logs.add_commands(command, _add_name, cluster_logs_command, partial(_boolean, "start-from-head"))
     command("version", version, "Displays the version of AWS ParallelCluster.", region=False)
     return parser
 

@@ -23,6 +23,12 @@ def _strict(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
     return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
 
 
+# Monitoring.Logs.CloudWatch.RetentionInDays: pcluster 3.16.1's OneOf (the rest of Monitoring is not modelled).
+RETENTION_IN_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
+_MONITORING = {"type": "object", "properties": {"Logs": {"type": "object", "properties": {
+    "CloudWatch": {"type": "object", "properties": {"Enabled": _BOOL, "RetentionInDays": {"enum": list(RETENTION_IN_DAYS)}}},
+}}}}
+
 _TAGS = {"type": "array", "items": _strict({"Key": _STRING, "Value": _STRING}, ("Key", "Value"))}
 
 _COMPUTE_RESOURCE = _strict({
@@ -84,7 +90,7 @@ CLUSTER_SCHEMA: dict[str, Any] = _strict({
         "EbsSettings": _ANY_OBJECT, "EfsSettings": _ANY_OBJECT, "FsxLustreSettings": _ANY_OBJECT,
         "FsxOntapSettings": _ANY_OBJECT, "FsxOpenZfsSettings": _ANY_OBJECT, "FileCacheSettings": _ANY_OBJECT,
     }, ("MountDir", "Name", "StorageType"))},
-    "Iam": _ANY_OBJECT, "Monitoring": _ANY_OBJECT, "AdditionalPackages": _ANY_OBJECT, "Tags": _TAGS,
+    "Iam": _ANY_OBJECT, "Monitoring": _MONITORING, "AdditionalPackages": _ANY_OBJECT, "Tags": _TAGS,
     "CustomS3Bucket": _STRING, "AdditionalResources": _STRING, "DevSettings": _ANY_OBJECT, "Imds": _ANY_OBJECT,
     "DeploymentSettings": _ANY_OBJECT, "LoginNodes": _ANY_OBJECT, "DirectoryService": _ANY_OBJECT,
 }, ("HeadNode", "Image", "Scheduling"))

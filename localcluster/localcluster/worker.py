@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import state
+from . import bootstrap, state
 from .aws import Aws
 from .runtime.procs import pid_alive
 from .shapes import iso_now
@@ -65,6 +65,13 @@ def _delete_requested(name: str, home: Path) -> bool:
         return True
 
 
+def _rollback(name: str, home: Path) -> bool:
+    try:
+        return bool(state.read_state(name, home).get("rollbackOnFailure", True))
+    except state.ClusterNotFound:
+        return True
+
+
 def _mark_failed(name: str, home: Path, code: str) -> bool:
     """CREATE_FAILED with failure code; False when a delete took over meanwhile."""
     try:
@@ -91,6 +98,7 @@ def create(cluster_dir: Path) -> int:
         time.sleep(POLL_S)
     if spec.faults.fail_create:
         LOG.info("fault injection: fail-create %s", spec.faults.fail_create)
+        bootstrap.failed(cluster_dir, spec, spec.faults.fail_create, _rollback(name, home))
         _mark_failed(name, home, spec.faults.fail_create)
         return 0
     if _delete_requested(name, home):
@@ -100,8 +108,13 @@ def create(cluster_dir: Path) -> int:
         provision(spec, cluster_dir)
     except Exception:
         LOG.error("provision failed:\n%s", traceback.format_exc())
+        bootstrap.failed(cluster_dir, spec, "HeadNodeBootstrapFailure", _rollback(name, home), traceback.format_exc())
         _mark_failed(name, home, "HeadNodeBootstrapFailure")
         return 1
+    try:
+        bootstrap.completed(cluster_dir, spec)
+    except Exception:   # the records explain a status; they never change it
+        LOG.error("could not record the bootstrap:\n%s", traceback.format_exc())
     try:
         with state.update_state(name, home) as current:
             if current.get("deleteRequested"):

@@ -14,11 +14,20 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from ultracluster.operators.config import TRAINING_QUEUE
+from ultracluster.operators.config import (
+    AMI_ID_PATTERN,
+    LOCAL_STORAGE_MOUNT_DIR,
+    LOG_RETENTION_DAYS,
+    TRAINING_QUEUE,
+)
 from ultracluster.s3_uri import S3_URI_PATTERN
 from ultracluster.sweep import SWEEP_SCHEMA
 
 TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
+# Image.Os: the Ubuntu releases ParallelCluster 3.16.1 accepts (its schema also takes alinux2023, rhel8/9
+# and rocky8/9, but on_node_configured.sh installs Neuron with apt). ubuntu2004, the blog's, is refused
+# since 3.14. tests/unit/test_pcluster_real_schema.py compares this with the installed package.
+IMAGE_OS = ["ubuntu2204", "ubuntu2404"]
 
 # The form's sections, in the order they appear (Airflow shows them as collapsible groups).
 CLUSTER, TRAINING, DATA, NETWORK = "Cluster", "Training", "Data", "Network"
@@ -64,13 +73,24 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             type="string", pattern=r"^[a-z][a-z0-9-]*\.[a-z0-9]+$"),
         "image_os": _param(
             p["image_os"], "Node OS", CLUSTER,
-            "Operating system of every node. ubuntu2004 is the blog-era image; ParallelCluster 3.16 "
-            "accepts only 22.04 and 24.04.",
-            type="string", enum=["ubuntu2204", "ubuntu2404", "ubuntu2004"]),
+            "Operating system of every node: the Ubuntu releases ParallelCluster 3.16 accepts (the "
+            "blog's ubuntu2004 is refused since 3.14).",
+            type="string", enum=IMAGE_OS),
         "key_name": _param(
             p["key_name"], "EC2 key pair", CLUSTER,
             "Key pair of the head node; its private key is in the ultracluster_head_node connection.",
             type="string", minLength=1),
+        "custom_ami": _param(
+            optional(p["custom_ami"]), "Pre-built image (AMI)", CLUSTER,
+            "Optional: an AMI built with pcluster build-image (include/cluster/image-config.yaml) that "
+            "already holds the pinned Neuron release, so nodes skip the install at boot. It must match "
+            "'Node OS'. Empty: ParallelCluster's own image, Neuron installed on every boot.",
+            type=["null", "string"], pattern=AMI_ID_PATTERN),
+        "log_retention_days": _param(
+            p["log_retention_days"], "Log retention (days)", CLUSTER,
+            "How long CloudWatch Logs keeps the cluster's logs (Monitoring.Logs.CloudWatch."
+            "RetentionInDays); the values ParallelCluster accepts.",
+            type="integer", enum=list(LOG_RETENTION_DAYS)),
         "extra_queues": _param(
             p["extra_queues"], "Extra queues", CLUSTER,
             f"Multi-queue clusters: more Slurm queues next to '{TRAINING_QUEUE}', where training always "
@@ -137,6 +157,12 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             p["fsx_storage_capacity_gib"], "FSx capacity (GiB)", DATA,
             "FSx for Lustre capacity, in multiples of 1200 GiB.",
             type="integer", minimum=1200, multipleOf=1200),
+        "local_scratch_dir": _param(
+            p["local_scratch_dir"], "Node-local scratch", DATA,
+            "Where the jobs put compiler work directories and temporary files (TMPDIR) on each compute "
+            f"node. Compute nodes mount their NVMe at {LOCAL_STORAGE_MOUNT_DIR}; a node without this "
+            "directory keeps its default /tmp. The compile cache stays on shared storage.",
+            type="string", pattern=r"^/[A-Za-z0-9_./-]+$"),
         # --- Network ---------------------------------------------------------------------------
         "region": _param(
             p["region"], "Region", NETWORK,

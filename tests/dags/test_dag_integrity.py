@@ -17,7 +17,8 @@ DAG_FILE = DAGS / "trn1_bert_pretrain.py"
 DAG_ID = "trn1_bert_pretrain"
 
 TASK_IDS = ["preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
-            "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"]
+            "restore_compile_cache", "parallel_compile", "train", "save_compile_cache", "collect_results",
+            "delete_cluster", "delete_vpc"]
 UPSTREAM = {
     "preflight": set(),
     "create_vpc": {"preflight"},
@@ -25,10 +26,12 @@ UPSTREAM = {
     "pcluster_create": {"render_config"},
     "wait_for_fleet": {"pcluster_create"},
     "download_data": {"wait_for_fleet"},
-    "parallel_compile": {"download_data", "wait_for_fleet"},
+    "restore_compile_cache": {"wait_for_fleet"},
+    "parallel_compile": {"download_data", "restore_compile_cache", "wait_for_fleet"},
     "train": {"parallel_compile", "wait_for_fleet"},
+    "save_compile_cache": {"train", "wait_for_fleet"},
     "collect_results": {"train", "wait_for_fleet"},
-    "delete_cluster": {"collect_results", "pcluster_create"},
+    "delete_cluster": {"collect_results", "save_compile_cache", "pcluster_create"},
     "delete_vpc": {"delete_cluster", "create_vpc"},
 }
 HEAVY = ("boto3", "botocore", "jinja2", "yaml", "paramiko", "asyncssh", "torch", "transformers")
@@ -92,7 +95,8 @@ def test_run_state_follows_the_work_and_the_network_teardown(dag):
 
     tis = [TaskInstanceStub(task_id) for task_id in TASK_IDS]
     leaves = DagRun._tis_for_dagrun_state(None, dag=dag, tis=tis)
-    assert {ti.task_id for ti in leaves} == {"collect_results", "delete_vpc"}
+    # A cache that could not be saved fails the run too: the user asked for it to be kept.
+    assert {ti.task_id for ti in leaves} == {"collect_results", "save_compile_cache", "delete_vpc"}
 
 
 def test_schedule_and_run_limits(dag):
@@ -267,6 +271,14 @@ def test_delete_vpc_checks_the_cluster_delete_cluster_deletes(dag):
     assert env.from_string(delete_cluster.cluster_name).render(ti=ti) == "trn1-bert-abc"
     # render_config never ran (delete_vpc still runs: create_vpc succeeded): no cluster to check.
     assert env.from_string(delete_vpc.cluster_name).render(ti=TI({})) is None
+
+
+def test_render_config_dry_runs_with_pcluster_creates_settings(dag):
+    """The dry run uses the CLI, region and validator suppressions that pcluster_create creates with."""
+    render_config, pcluster_create = dag.get_task("render_config"), dag.get_task("pcluster_create")
+    assert render_config.pcluster_conn_id == pcluster_create.pcluster_conn_id == "pcluster_default"
+    assert render_config.region_name == pcluster_create.region_name
+    assert render_config.suppress_validators == pcluster_create.suppress_validators
 
 
 @pytest.mark.parametrize("profile", ["production", "local"])

@@ -28,7 +28,8 @@ DAG_ID = "trn1_bert_pretrain"
 DATASET_NAME = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 DATASET_KEY = f"training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/{DATASET_NAME}.tar"
 TASK_IDS = {"preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
-            "parallel_compile", "train", "collect_results", "delete_cluster", "delete_vpc"}
+            "restore_compile_cache", "parallel_compile", "train", "save_compile_cache", "collect_results",
+            "delete_cluster", "delete_vpc"}
 RUN_TIMEOUT_S = 1200
 NODE_CAP = 4  # the shared Airflow's max_live_nodes
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()

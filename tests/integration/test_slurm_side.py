@@ -159,16 +159,26 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert first == {"data_dir": "/fsx/data/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128", "files": 2, "skipped": False}
     assert download.execute(ctx("download_data"))["skipped"] is True
 
-    # parallel_compile: neuron_parallel_compile is absent locally -> COMPILE_ONLY=1 fallback
+    # parallel_compile: neuron_parallel_compile is absent locally -> COMPILE_ONLY=1, as the local
+    # profile opts in (launcher_fallback_env); without the opt-in the job refuses to run.
     training = tmp_path / "training"
     training.mkdir()
     (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
     env = {"SCALING_MODE": "strong", "DATA_DIR": first["data_dir"], "STEP_SLEEP": "0"}
     compile_op = SlurmJobOperator(task_id="parallel_compile", head_node=head, job_dir="/fsx/jobs/compile",
                                   num_nodes=2, job_env=env, launcher="neuron_parallel_compile",
+                                  launcher_fallback_env={"COMPILE_ONLY": "1"},
                                   training_files_dir=str(training), deferrable=False, poll_interval=1)
     compiled = compile_op.execute(ctx("parallel_compile"))
     assert compiled["state"] == "COMPLETED"
+    assert compiled["launch"] == {"mode": "compile_only", "path": None}
+    from airflow.sdk.exceptions import AirflowFailException
+
+    strict = SlurmJobOperator(task_id="parallel_compile", head_node=head, job_dir="/fsx/jobs/strict",
+                              num_nodes=1, job_env=env, launcher="neuron_parallel_compile",
+                              training_files_dir=str(training), deferrable=False, poll_interval=1)
+    with pytest.raises(AirflowFailException, match="UC_ERROR.*neuron_parallel_compile not found in /opt/aws/neuron/bin"):
+        strict.execute(ctx("parallel_compile", run_id="manual__strict"))
     slurm = SlurmHook(head_node=head)
     assert "COMPILE_ONLY=1" in slurm.tail_log(compiled["output_dir"] + "/log_ph1_bf16_0_2")
     assert "neuron_parallel_compile not found" in slurm.tail_log(compiled["log_path"])

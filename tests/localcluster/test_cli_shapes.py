@@ -36,6 +36,9 @@ PATTERNS = {
     "cloudformationStackArn": r"^arn:aws:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]{36}$",
     "instanceId": r"^i-[0-9a-f]{8,17}$", "version": r"^3\.\d+\.\d+$", "url": r"^https?://\S+$",
     "privateIpAddress": IPV4, "publicIpAddress": IPV4, "region": r"^[a-z]{2}(-[a-z]+)+-\d$",
+    "timestamp": ISO, "firstEventTimestamp": ISO, "lastEventTimestamp": ISO, "lastIngestionTime": ISO,
+    "stackId": r"^arn:aws:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]{36}$",
+    "logStreamName": r"^ip-\d+-\d+-\d+-\d+\.i-[0-9a-f]{8,17}\.[a-z-]+$",
 }
 STACK_STATUSES = {"CREATE_IN_PROGRESS", "CREATE_FAILED", "CREATE_COMPLETE", "ROLLBACK_IN_PROGRESS",
                   "ROLLBACK_FAILED", "ROLLBACK_COMPLETE", "DELETE_IN_PROGRESS", "DELETE_FAILED", "DELETE_COMPLETE",
@@ -49,6 +52,8 @@ ENUMS = {
     "computeFleetStatus": FLEET_STATUSES, "status": FLEET_STATUSES,
     "state": {"pending", "running", "shutting-down", "terminated", "stopping", "stopped"},
     "nodeType": {"HeadNode", "ComputeNode", "LoginNode"},
+    "resourceStatus": {f"{verb}_{state}" for verb in ("CREATE", "DELETE", "UPDATE", "ROLLBACK", "IMPORT")
+                       for state in ("IN_PROGRESS", "COMPLETE", "FAILED")},
 }
 
 
@@ -74,7 +79,9 @@ def assert_same_shape(actual: Any, reference: Any, path: str = "$") -> None:
         for index, item in enumerate(actual):
             same_kind = [r for r in reference if not isinstance(r, dict) or r.get("nodeType") == item.get("nodeType")]
             assert same_kind, f"{path}[{index}]: nothing like {item!r} in the reference"
-            assert_same_shape(item, same_kind[0], f"{path}[{index}]")
+            # Optional keys (a stack event's resourceStatusReason): compare with a reference item that has them.
+            same_keys = [r for r in same_kind if isinstance(r, dict) and set(r) == set(item)]
+            assert_same_shape(item, (same_keys or same_kind)[0], f"{path}[{index}]")
     else:
         assert type(actual) is type(reference), f"{path}: {actual!r} vs reference {reference!r}"
 
@@ -209,10 +216,51 @@ def test_fail_create_fault_after_a_provisioning_window(
     # No daemons were left: nothing provisioned, no process runs for the cluster.
     assert not (uc_home / "clusters" / "doomed" / "runtime.json").exists()
     assert processes_mentioning(str(uc_home / "clusters" / "doomed")) == []
+    assert_failure_records(pcluster, uc_home, "doomed", rollback=stack_status == "ROLLBACK_COMPLETE")
     code, listed = pcluster("list-clusters", "--cluster-status", "CREATE_FAILED")
     assert [c["clusterName"] for c in listed["clusters"]] == ["doomed"]
     assert pcluster("update-compute-fleet", "-n", "doomed", "--status", "STOP_REQUESTED")[0] == 1
     delete_and_wait(uc_env, uc_home, "doomed")
+
+
+def assert_failure_records(pcluster: Callable[..., tuple[int, Any]], home: Path, name: str, rollback: bool) -> None:
+    """get-cluster-stack-events, list-cluster-log-streams and get-cluster-log-events of a failed create."""
+    code, events = pcluster("get-cluster-stack-events", "-n", name)
+    assert code == 0, events
+    assert_same_shape(events, recorded("get_cluster_stack_events"))
+    statuses = [(e["logicalResourceId"], e["resourceStatus"]) for e in events["events"]]   # newest first
+    assert statuses[-1] == (name, "CREATE_IN_PROGRESS") and statuses[0] == (
+        name, "ROLLBACK_COMPLETE" if rollback else "CREATE_FAILED")
+    [wait] = [e for e in events["events"] if e["resourceStatus"] == "CREATE_FAILED" and e["logicalResourceId"] != name]
+    assert wait["logicalResourceId"].startswith("HeadNodeWaitCondition")
+    assert wait["resourceStatusReason"].startswith(
+        "WaitCondition received failed message: 'Failed to execute OnNodeConfigured script.")
+
+    code, streams = pcluster("list-cluster-log-streams", "-n", name, "--filters", "Name=node-type,Values=HeadNode")
+    assert code == 0, streams
+    assert_same_shape(streams, recorded("list_cluster_log_streams"))
+    names = [s["logStreamName"] for s in streams["logStreams"]]
+    assert [n.rsplit(".", 1)[1] for n in names] == ["cfn-init", "chef-client"]
+    host = names[0].split(".")[0]
+    assert pcluster("list-cluster-log-streams", "-n", name, "--filters", f"Name=private-dns-name,Values={host}")[1] \
+        == streams
+    assert pcluster("list-cluster-log-streams", "-n", name, "--filters", "Name=private-dns-name,Values=ip-1-2-3-4") \
+        == (0, {"logStreams": []})
+    assert pcluster("list-cluster-log-streams", "-n", name, "--filters", "Name=color,Values=red")[0] == 1
+
+    # The tail is the last lines of the head node's real log file, in time order.
+    code, tail = pcluster("get-cluster-log-events", "-n", name, "--log-stream-name", names[0], "--limit", "3",
+                          "--start-from-head", "false")
+    assert code == 0, tail
+    assert_same_shape(tail, recorded("get_cluster_log_events"))
+    on_disk = (home / "clusters" / name / "cloudwatch" / "streams" / names[0]).read_text().splitlines()
+    assert [e["message"] for e in tail["events"]] == on_disk[-3:]
+    assert "Command runpostinstall" in on_disk[-4]
+    code, head = pcluster("get-cluster-log-events", "-n", name, "--log-stream-name", names[0], "--limit", "2",
+                          "--start-from-head", "true")
+    assert [e["message"] for e in head["events"]] == on_disk[:2]
+    assert pcluster("get-cluster-log-events", "-n", name, "--log-stream-name", "nope") == (
+        1, {"message": "The specified log stream nope does not exist."})
 
 
 def test_delete_during_create_in_progress(pcluster: Callable[..., tuple[int, Any]],
@@ -258,6 +306,14 @@ def test_full_lifecycle_create_complete_fleet_delete(
     assert complete["computeFleetStatus"] == "RUNNING"
     head = complete["headNode"]
     assert head["state"] == "running" and head["privateIpAddress"].startswith("127.100.")
+
+    code, events = pcluster("get-cluster-stack-events", "-n", "lifecycle")
+    assert_same_shape(events, recorded("get_cluster_stack_events"))
+    assert (events["events"][0]["resourceStatus"], events["events"][-1]["resourceStatus"]) == (
+        "CREATE_COMPLETE", "CREATE_IN_PROGRESS")
+    code, streams = pcluster("list-cluster-log-streams", "-n", "lifecycle", "--filters", "Name=node-type,Values=HeadNode")
+    assert [s["logStreamName"] for s in streams["logStreams"]] == [
+        f"ip-{head['privateIpAddress'].replace('.', '-')}.{head['instanceId']}.{log}" for log in ("cfn-init", "chef-client")]
 
     code, instances = pcluster("describe-cluster-instances", "-n", "lifecycle")
     assert code == 0

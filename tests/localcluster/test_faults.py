@@ -158,3 +158,30 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     cluster.teardown()
     assert_cluster_gone(cluster)
     assert not any(running(pid) for pid in left_behind)   # swept with the old namespace
+
+
+def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHome) -> None:
+    """wait_for_fleet's own sinfo and parse on a real Slurm: nodes denied capacity fail the wait, with the reason."""
+    import shlex
+
+    from ultracluster import remote_commands
+    from ultracluster.parsers.slurm import parse_sinfo, partition_capacity
+    from ultracluster.triggers.fleet import FAIL, evaluate_capacity
+
+    cluster = uc_home.provision(spec_dict("ft-fleet", min_count=0, max_count=2,
+                                          faults={"insufficient_capacity": ["*"]}))
+    cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", "hostname")   # Slurm resumes both
+    nodes = ["compute1-dy-trn1-1", "compute1-dy-trn1-2"]
+    wait_for(lambda: all(cluster.node_states()[n].startswith("down") for n in nodes), 60, "both nodes to go down")
+    command = remote_commands.sinfo()
+    out = cluster.slurm(*shlex.split(command.shell))
+    verdict, reason = evaluate_capacity(partition_capacity(parse_sinfo(out), None, 2))
+    assert verdict == FAIL and reason.startswith("Nodes failed to power up: "), reason
+    assert all(f"{n} (down" in reason for n in nodes) and ICE_REASON in reason, reason
+    if os.environ.get("UC_CAPTURE_DIR"):   # how tests/fixtures/slurm/sinfo_power_up_failed.* were made
+        capture = Path(os.environ["UC_CAPTURE_DIR"])
+        (capture / "sinfo_power_up_failed.cmd").write_text(command.shell + "\n")
+        (capture / "sinfo_power_up_failed.out").write_text(out)
+        (capture / "sinfo_power_up_failed.rc").write_text("0\n")
+    cluster.teardown()
+    assert_cluster_gone(cluster)

@@ -222,6 +222,35 @@ def test_suppressed_validator_lets_the_config_through_dryrun(
     assert_nothing_created(uc_env, uc_home)
 
 
+def pipeline_keys(config: dict[str, Any]) -> None:
+    """The keys render_config adds to the seed's layout: compute storage, log retention, a custom AMI."""
+    config["Image"]["CustomAmi"] = "ami-0123456789abcdef0"
+    queue(config)["ComputeSettings"] = {"LocalStorage": {"RootVolume": {"Size": 1024},
+                                                         "EphemeralVolume": {"MountDir": "/local_storage"}}}
+    config["Monitoring"] = {"Logs": {"CloudWatch": {"Enabled": True, "RetentionInDays": 14}}}
+
+
+def test_the_pipelines_storage_monitoring_and_image_keys_pass_dryrun(
+        make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
+    code, out = create(uc_env, make_cluster_config(pipeline_keys), NAME, "--dryrun", "true")
+    assert (code, out["message"]) == (1, "Request would have succeeded, but DryRun flag is set."), out
+    assert_nothing_created(uc_env, uc_home)
+
+
+def test_a_retention_pcluster_refuses_is_refused(make_cluster_config: Callable[..., Path],
+                                                 uc_env: dict[str, str], uc_home: Path) -> None:
+    def mutate(config: dict[str, Any]) -> None:
+        pipeline_keys(config)
+        config["Monitoring"]["Logs"]["CloudWatch"]["RetentionInDays"] = 2
+
+    code, out = create(uc_env, make_cluster_config(mutate))
+    assert code == 1
+    [error] = out["configurationValidationErrors"]
+    assert error["type"] == "ConfigSchemaValidator"
+    assert "'Monitoring', {'Logs': {'CloudWatch': {'RetentionInDays': ['Must be one of: 1, 3, 5" in error["message"]
+    assert_nothing_created(uc_env, uc_home)
+
+
 def test_existing_cluster_name_is_refused(make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
                                           uc_home: Path) -> None:
     # A cluster that stays CREATE_IN_PROGRESS (long delay) and never starts daemons (fail-create).

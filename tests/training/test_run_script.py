@@ -88,6 +88,54 @@ def test_local_clusters_running_at_once_get_distinct_rendezvous_ports(data_dir, 
     assert {p - 17 * slot for slot, p in ports.items()} == {ports[7] - 17 * 7}  # one offset, the job's
 
 
+def fake_training_python(tmp_path: Path, exit_code: int) -> Path:
+    """Stands in for the training Python: records the temporary directory it was given, then exits."""
+    fake = tmp_path / f"fake-python-{exit_code}"
+    fake.write_text(f'#!/bin/sh\necho "${{TMPDIR:-unset}}" > "{tmp_path}/tmpdir-seen"\n'
+                    f'[ -n "${{TMPDIR:-}}" ] && touch "$TMPDIR/compiler-work"\nexit {exit_code}\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("exit_code", [0, 1])
+def test_temporary_files_go_to_node_local_scratch(data_dir, tmp_path, exit_code):
+    """LOCAL_SCRATCH_DIR (a node's NVMe): the job's TMPDIR is a directory per job and node there; a
+    successful job removes it, a failed one keeps it for a look."""
+    nvme = tmp_path / "local_storage"
+    nvme.mkdir()
+    env = {**tiny_env(data_dir, tmp_path / "out"), **slurm_env(1, 0, "7"), "MASTER_ADDR": "127.0.0.1",
+           "TRAINING_PYTHON": str(fake_training_python(tmp_path, exit_code)), "LOCAL_SCRATCH_DIR": str(nvme)}
+    done = run_script_once(env)
+
+    scratch = nvme / "ultracluster-7-0"
+    assert done.returncode == exit_code, done.stdout + done.stderr
+    assert (tmp_path / "tmpdir-seen").read_text().strip() == str(scratch / "tmp")
+    assert f"scratch={scratch}" in done.stdout
+    assert (scratch / "tmp" / "compiler-work").exists() is (exit_code != 0)
+
+
+def test_without_node_local_scratch_the_job_keeps_the_default_tmpdir(data_dir, tmp_path):
+    env = {**tiny_env(data_dir, tmp_path / "out"), **slurm_env(1, 0, "8"), "MASTER_ADDR": "127.0.0.1",
+           "TRAINING_PYTHON": str(fake_training_python(tmp_path, 0)), "LOCAL_SCRATCH_DIR": ""}
+    env.pop("TMPDIR", None)
+    done = run_script_once(env)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "tmpdir-seen").read_text().strip() == "unset"
+    assert "scratch=none" in done.stdout
+
+
+def test_a_named_scratch_dir_that_is_missing_fails_the_job(data_dir, tmp_path):
+    """No silent fall back to the root volume when the node's NVMe is not mounted."""
+    env = {**tiny_env(data_dir, tmp_path / "out"), **slurm_env(1, 0, "9"), "MASTER_ADDR": "127.0.0.1",
+           "TRAINING_PYTHON": str(fake_training_python(tmp_path, 0)), "LOCAL_SCRATCH_DIR": str(tmp_path / "missing")}
+    done = run_script_once(env)
+
+    assert done.returncode == 2
+    assert f"UC_ERROR LOCAL_SCRATCH_DIR '{tmp_path / 'missing'}' is not a writable directory" in done.stdout
+    assert not (tmp_path / "tmpdir-seen").exists()
+
+
 # ---------------------------------------------------------------- training across 2 nodes
 def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tmp_path):
     env = tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", SCALING_MODE="strong")

@@ -17,6 +17,7 @@ from ultracluster.operators.config import (
     validate_cluster_config,
     validate_pipeline_params,
 )
+from ultracluster.neuron_versions import render_on_node_configured
 from ultracluster.profiles import include_dir, load_profile
 
 REGION = "us-east-1"
@@ -127,6 +128,7 @@ def render_op(params: dict, **overrides) -> RenderClusterConfigOperator:
         fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"],
         artifacts_s3_uri="s3://ultracluster-artifacts/runs", dataset_s3_uri=params["dataset_s3_uri"],
         compile_cache_s3_uri=params["compile_cache_s3_uri"], extra_tags={"team": "ml"},
+        pcluster_conn_id=None,  # the rendering alone; the dry run: tests/unit/test_config_dryrun.py
     )
     kwargs.update(overrides)
     return RenderClusterConfigOperator(**kwargs)
@@ -153,7 +155,9 @@ def test_render_uploads_a_valid_seed_layout(s3):
     script_uri = config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Script"]
     assert script_uri == result["on_node_configured_s3_uri"] == queue["CustomActions"]["OnNodeConfigured"]["Script"]
     uploaded_script = s3.get_object(Bucket="ultracluster-artifacts", Key=script_uri.split("/", 3)[3])["Body"].read()
-    assert uploaded_script == (include_dir() / "cluster" / "on_node_configured.sh").read_bytes()
+    # The script goes up with the pinned Neuron versions rendered in (tests/unit/test_neuron_versions.py).
+    assert uploaded_script.decode() == render_on_node_configured()
+    assert "NEURON_RELEASE=" in uploaded_script.decode()
     access = {a["BucketName"]: a["EnableWriteAccess"] for a in config["HeadNode"]["Iam"]["S3Access"]}
     assert access == {"neuron-s3": False, "ultracluster-artifacts": True}
     tags = {t["Key"]: t["Value"] for t in config["Tags"]}
@@ -184,6 +188,11 @@ def test_schema_violations_fail_before_anything_is_uploaded(s3):
     assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
 
 
+# Template context the operator adds for compute storage, log retention and the image.
+STORAGE_AND_LOGS = {"custom_ami": None, "log_retention_days": 14, "compute_root_volume_gib": 1024,
+                    "ephemeral_mount_dir": "/local_storage"}
+
+
 def rendered_seed() -> dict:
     from ultracluster.operators.config import build_queues, render_cluster_config
 
@@ -194,6 +203,7 @@ def rendered_seed() -> dict:
         "s3_buckets": [{"name": "ultracluster-artifacts", "write": True}],
         "queues": build_queues("trn1.32xlarge", 0, 16, []), "mount_dir": "/fsx",
         "fsx_storage_capacity_gib": 1200, "tags": [{"key": "k", "value": "v: with colon"}],
+        **STORAGE_AND_LOGS,
     }
     return yaml.safe_load(render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), context))
 
@@ -231,7 +241,7 @@ def test_a_missing_network_output_cannot_render_a_valid_config():
         "public_subnet_id": None, "private_subnet_id": "subnet-0priv", "security_group_id": None, "key_name": "k",
         "on_node_configured_s3_uri": "s3://b-b/x.sh", "s3_buckets": [{"name": "b-b", "write": True}],
         "queues": build_queues("trn1.32xlarge", 0, 2, []), "mount_dir": "/fsx", "fsx_storage_capacity_gib": 1200,
-        "tags": [],
+        "tags": [], **STORAGE_AND_LOGS,
     })
     with pytest.raises(ConfigValidationError, match="HeadNode/Networking/SubnetId"):
         validate_cluster_config(text, SCHEMA)

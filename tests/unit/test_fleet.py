@@ -281,3 +281,39 @@ def test_sensor_complete_returns_head_node_and_keeps_key():
 def test_sensor_rejects_bad_num_nodes(num_nodes):
     with pytest.raises(ValueError, match="num_nodes"):
         ComputeFleetSensor(task_id="w", cluster_name="c", num_nodes=num_nodes).execute(ctx(DictStore()))
+
+
+# ------------------------------------------------------------- nodes that never come up
+
+
+def test_fails_early_when_nodes_fail_to_power_up(first_contact):
+    # Real Slurm on the local UltraCluster with insufficient capacity: both dynamic nodes down# with pcluster's reason.
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_power_up_failed")), num_nodes=2, poke_interval=0)
+    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
+    assert verdict == FAIL
+    assert reason.startswith("Nodes failed to power up: compute1-dy-trn1-1 (down#: (Code:InsufficientInstanceCapacity)"
+                             "Failure when resuming nodes); compute1-dy-trn1-2 (down#: "), reason
+
+
+def test_a_node_powering_down_after_a_failed_resume_is_not_available(first_contact):
+    # ParallelCluster powers a failed node down (idle%, then idle~) keeping the reason: not a node to wait for.
+    captured = sinfo("sinfo_power_up_failed").stdout.splitlines()
+    lines = [captured[0].replace("|down#|", "|idle%|").replace("(Code:InsufficientInstanceCapacity)", ""),
+             "compute1*|up|1|idle~|compute1-dy-trn1-2|none"]
+    out = CommandResult(0, "\n".join(lines) + "\n", "")
+    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(out), num_nodes=2)
+                                     .check_once(FakePcluster(described("create_complete"))))
+    assert verdict == FAIL and "compute1-dy-trn1-1 (idle%: Failure when resuming nodes)" in reason, reason
+    assert asyncio.run(make_trigger(SinfoHeadNode(out), num_nodes=1)
+                       .check_once(FakePcluster(described("create_complete"))))[0] == READY
+
+
+def test_nodes_that_stay_unusable_fail_the_wait_after_the_grace(first_contact):
+    # compute1: mixed# and allocated (busy), idle~, drained: 3 nodes could come free, so the wait goes on...
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_powering_up")), num_nodes=3)
+    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
+    # ...until the drained node has stayed so for stuck_after_s.
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_powering_up")), num_nodes=3, stuck_after_s=0)
+    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
+    assert verdict == FAIL and "compute1-st-trn1-2 (drained: Kernel panic on boot)" in reason, reason
+    assert trigger.serialize()[1]["stuck_after_s"] == 0

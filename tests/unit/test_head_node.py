@@ -157,8 +157,12 @@ def test_arun_reads_large_stdout_and_stderr_together(sshd, conn):
 def test_wrong_host_key_is_refused_sync(sshd, conn, tmp_path):
     other = keygen(tmp_path / "other")
     hook = HeadNodeHook(ssh_conn_id=conn, head_node=head(sshd, other))
-    with pytest.raises(HostKeyMismatchError, match="not the key pinned"):
+    with pytest.raises(HostKeyMismatchError, match="not the key pinned") as refused:
         hook.run(PROBE)
+    # Deterministic: the task fails without its retries (AirflowFailException).
+    from airflow.sdk.exceptions import AirflowFailException
+
+    assert isinstance(refused.value, AirflowFailException)
 
 
 @pytest.fixture

@@ -185,3 +185,93 @@ def test_missing_binary_is_a_clear_error(monkeypatch):
         {"conn_type": "pcluster", "extra": {"binary": "pcluster-does-not-exist-here"}}))
     with pytest.raises(PclusterError, match="pcluster-does-not-exist-here.*not found"):
         ParallelClusterHook("pcluster_nobin").describe_cluster("x")
+
+
+# --- create-cluster --dryrun true ----------------------------------------------------------------
+
+def test_dryrun_that_would_succeed_is_returned_not_raised(fake, tmp_path):
+    # pcluster answers a config it would accept with exit 1 (recorded from 3.16.1).
+    fake.respond("create-cluster", ("create_cluster_dryrun.json", 1))
+    result = ParallelClusterHook(CONN_ID).create_cluster(
+        "uc-test", str(tmp_path / "c.yaml"), suppress_validators=["type:KeyPairValidator"], dryrun=True)
+    assert result["message"] == "Request would have succeeded, but DryRun flag is set."
+    assert {m["type"] for m in result["validationMessages"]} >= {"DeletionPolicyValidator"}
+    assert fake.calls() == [[
+        "create-cluster", "--cluster-name", "uc-test", "--cluster-configuration", str(tmp_path / "c.yaml"),
+        "--rollback-on-failure", "false", "--suppress-validators", "type:KeyPairValidator",
+        "--dryrun", "true", "--region", "us-east-1",
+    ]]
+
+
+def test_dryrun_refusal_raises_typed_and_is_a_config_refusal(fake, tmp_path):
+    from ultracluster.parsers.pcluster import config_refused, dryrun_succeeded
+
+    fake.respond("create-cluster", ("validation_min_gt_max.json", 1))
+    with pytest.raises(ClusterValidationError) as err:
+        ParallelClusterHook(CONN_ID).create_cluster("uc-test", str(tmp_path / "c.yaml"), dryrun=True)
+    assert config_refused(err.value) and not dryrun_succeeded(err.value)
+
+
+@pytest.mark.parametrize("name", [
+    "error_subnet_not_found.json",         # "Invalid cluster configuration: The subnet ID ... does not exist"
+    "error_cluster_name_pattern.json",     # "Bad Request: ..."
+    "error_cluster_already_exists.json",   # "Bad Request: Cluster ... already exists."
+])
+def test_plain_400s_are_config_refusals(name):
+    from ultracluster.parsers.pcluster import config_refused
+
+    with pytest.raises(PclusterError) as err:
+        parse_cli_result(1, recorded(name), "")
+    assert config_refused(err.value)
+
+
+def test_throttling_or_a_crash_is_not_a_config_refusal():
+    from ultracluster.parsers.pcluster import config_refused
+
+    for stdout in ('{"message": "Limit exceeded: Rate exceeded"}', "Traceback (most recent call last): ..."):
+        with pytest.raises(PclusterError) as err:
+            parse_cli_result(1, stdout, "boom")
+        assert not config_refused(err.value), stdout
+
+
+# --- stack events and head node logs ----------------------------------------------------------------
+
+def test_stack_events_log_streams_and_log_events(fake):
+    from ultracluster.parsers.pcluster import (
+        HEAD_NODE_LOG_FILTER, bootstrap_log_stream, failed_stack_events, is_config_failure, log_event_messages)
+
+    fake.respond("get-cluster-stack-events", "get_cluster_stack_events_create_failed.json")
+    fake.respond("list-cluster-log-streams", "list_cluster_log_streams_head_node.json")
+    fake.respond("get-cluster-log-events", "get_cluster_log_events_cfn_init.json")
+    hook = ParallelClusterHook(CONN_ID)
+    events = hook.get_cluster_stack_events("uc-test")
+    streams = hook.list_cluster_log_streams("uc-test", filters=[HEAD_NODE_LOG_FILTER])
+    tail = hook.get_cluster_log_events("uc-test", streams[0]["logStreamName"], limit=50, start_from_head=False)
+    assert [argv[:5] for argv in fake.calls()] == [
+        ["get-cluster-stack-events", "--cluster-name", "uc-test", "--region", "us-east-1"],
+        ["list-cluster-log-streams", "--cluster-name", "uc-test", "--filters", "Name=node-type,Values=HeadNode"],
+        ["get-cluster-log-events", "--cluster-name", "uc-test", "--log-stream-name",
+         "ip-10-0-1-196.i-1234567890abcdef0.cfn-init"]]
+    assert fake.calls()[2][5:9] == ["--limit", "50", "--start-from-head", "false"]
+
+    failed = failed_stack_events(events, limit=5)
+    assert [(e["logicalResourceId"], e["resourceStatus"]) for e in failed] == [
+        ("uc-test", "CREATE_FAILED"), ("HeadNodeWaitCondition20261130080116", "CREATE_FAILED")]
+    assert failed_stack_events(list(reversed(events)), limit=1) == failed[:1]   # newest first, whatever the order
+    on_node_configured = [{"failureCode": "OnNodeConfiguredExecutionFailure"}]
+    assert bootstrap_log_stream(streams, on_node_configured).endswith(".cfn-init")
+    assert bootstrap_log_stream(streams, [{"failureCode": "FsxMountFailure"}]).endswith(".chef-client")
+    assert bootstrap_log_stream([{"logStreamName": "ip-1.i-1.cloud-init-output"}], []) == "ip-1.i-1.cloud-init-output"
+    assert bootstrap_log_stream([{"logStreamName": "ip-1.i-1.slurmctld"}], []) is None
+    assert is_config_failure(on_node_configured) and not is_config_failure([{"failureCode": "HeadNodeBootstrapFailure"}])
+    assert log_event_messages(tail)[-1].endswith("BUILD FAILED!------------------------")
+    assert log_event_messages({"events": [{"message": "curl https://b.s3.amazonaws.com/k?X-Amz-Signature=abc\n"}]}) == [
+        "curl <redacted presigned URL>"]
+
+
+def test_stack_events_follow_next_token_a_few_pages(fake, tmp_path):
+    page = json.loads((RECORDED / "get_cluster_stack_events.json").read_text())
+    fake.respond_text("get-cluster-stack-events", json.dumps({**page, "nextToken": "more"}))
+    events = ParallelClusterHook(CONN_ID).get_cluster_stack_events("uc-test", max_pages=2)
+    assert len(events) == 2 * len(page["events"])
+    assert fake.calls()[1][3:5] == ["--next-token", "more"]

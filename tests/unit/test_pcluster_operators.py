@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import boto3
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from tests.fixtures.pcluster.fake_pcluster import FIXTURES, FakePcluster
 from ultracluster.operators.pcluster import CreateClusterOperator
@@ -151,22 +151,75 @@ CREATE_FAILED_EVENT = {"status": "failure", "cluster_status": "CREATE_FAILED",
                       "failures": [{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}]}
 
 
-def test_create_failed_deletes_and_fails_only_once_the_cluster_is_gone(env):
+DIAGNOSTIC_VERBS = ["get-cluster-stack-events", "list-cluster-log-streams", "get-cluster-log-events"]
+
+
+def script_diagnostics(env):
+    env.respond("get-cluster-stack-events", "get_cluster_stack_events_create_failed.json")
+    env.respond("list-cluster-log-streams", "list_cluster_log_streams_head_node.json")
+    env.respond("get-cluster-log-events", "get_cluster_log_events_cfn_init.json")
+
+
+def test_create_failed_deletes_and_fails_only_once_the_cluster_is_gone(env, capsys):
     """delete_vpc must not start while the failed cluster still holds the network."""
     env.respond("describe-cluster", "describe_cluster_create_failed.json")
     env.respond("delete-cluster", "delete_cluster.json")
+    script_diagnostics(env)
     op = create_op()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute_complete(make_context(), CREATE_FAILED_EVENT)
-    assert env.verbs() == ["describe-cluster", "delete-cluster"]
+    assert env.verbs() == ["describe-cluster", *DIAGNOSTIC_VERBS, "delete-cluster"]
     assert (deferred.value.trigger.waiter_name, deferred.value.method_name) == (
         "ClusterDeleteComplete", "fail_after_delete")
+    # The task log: the failed stack events, newest first, and the tail of the head node's cfn-init log
+    # (a custom action failed: cfn-init runs it).
+    log = capsys.readouterr().out
+    assert "Last failed stack events of uc-test (newest first):" in log
+    assert log.index("uc-test (AWS::CloudFormation::Stack) CREATE_FAILED") < log.index(
+        "HeadNodeWaitCondition20261130080116 (AWS::CloudFormation::WaitCondition) CREATE_FAILED: WaitCondition "
+        "received failed message: 'Failed to execute OnNodeConfigured script 1")
+    assert "Last 8 lines of the head node's bootstrap log ip-10-0-1-196.i-1234567890abcdef0.cfn-init" in log
+    assert "| 2026-11-30 08:12:58,402 [ERROR] Command runpostinstall" in log
+    tail_argv = next(argv for argv in env.calls() if argv[0] == "get-cluster-log-events")
+    assert tail_argv[1:9] == ["--cluster-name", "uc-test", "--log-stream-name",
+                              "ip-10-0-1-196.i-1234567890abcdef0.cfn-init", "--limit", "50", "--start-from-head", "false"]
+    streams_argv = next(argv for argv in env.calls() if argv[0] == "list-cluster-log-streams")
+    assert streams_argv[3:5] == ["--filters", "Name=node-type,Values=HeadNode"]
 
-    # The triggerer's wait: deleting, then gone.
+    # The triggerer's wait: deleting, then gone. The OnNodeConfigured script is the config's: no retry.
     env.respond("describe-cluster", "describe_cluster_delete_in_progress.json",
                 ("error_describe_cluster_not_found.json", 1))
-    with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure: Failed.*the cluster was deleted"):
+    with pytest.raises(AirflowFailException,
+                       match="OnNodeConfiguredExecutionFailure: Failed.*the cluster was deleted.*not retried"):
         resume(op, make_context(), deferred.value)
+
+
+def test_diagnostics_that_cannot_be_fetched_never_mask_the_failure(env, capsys):
+    env.respond("describe-cluster", "describe_cluster_create_failed.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    env.respond_text("get-cluster-stack-events", json.dumps({"message": "Rate exceeded"}), rc=1)
+    env.respond_text("list-cluster-log-streams", json.dumps(
+        {"message": "CloudWatch logging is not enabled for cluster uc-test."}), rc=1)
+    with pytest.raises(TaskDeferred) as deferred:
+        create_op().execute_complete(make_context(), CREATE_FAILED_EVENT)
+    assert deferred.value.method_name == "fail_after_delete" and "delete-cluster" in env.verbs()
+    log = capsys.readouterr().out
+    assert "Could not fetch the stack events of uc-test: Rate exceeded" in log
+    assert "Could not fetch the head node's bootstrap log of uc-test: CloudWatch logging is not enabled" in log
+
+
+def test_a_create_failed_the_config_does_not_explain_is_retried(env, tmp_path):
+    description = json.loads((FIXTURES / "describe_cluster_create_failed.json").read_text())
+    description["failures"] = [{"failureCode": "HeadNodeBootstrapFailure", "failureReason": "Cluster creation timed out."}]
+    env.respond_text("describe-cluster", json.dumps(description))
+    env.respond("delete-cluster", "delete_cluster.json")
+    env.respond_text("list-cluster-log-streams", json.dumps({"logStreams": []}))
+    op = create_op()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(make_context())
+    assert deferred.value.kwargs["deterministic"] is False
+    with pytest.raises(RuntimeError, match="HeadNodeBootstrapFailure: Cluster creation timed out. \\(the cluster was"):
+        op.fail_after_delete(make_context(), {"status": "success"}, **deferred.value.kwargs)
 
 
 def test_create_failed_whose_delete_fails_reports_both(env):
@@ -523,7 +576,7 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
 
 
 @pytest.mark.localcluster
-def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws):
+def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws, capsys):
     from ultracluster.parsers.pcluster import ClusterNotFoundError
     from ultracluster.hooks.parallelcluster import ParallelClusterHook
     from ultracluster.profiles import load_profile
@@ -535,8 +588,15 @@ def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws):
     network = run_to_completion(create_vpc, context)
     try:
         config = render(network).execute(context)
-        with pytest.raises(RuntimeError, match="OnNodeConfiguredExecutionFailure.*the cluster was deleted"):
+        with pytest.raises(AirflowFailException, match="OnNodeConfiguredExecutionFailure.*the cluster was deleted"):
             run_to_completion(create_op(cluster_config=config, region_name=REGION), context)
+        # The task log shows what the local pcluster serves: the failed stack events and the tail of the
+        # head node's bootstrap log (a real file of the local head node).
+        log = capsys.readouterr().out
+        assert "(AWS::CloudFormation::WaitCondition) CREATE_FAILED: WaitCondition received failed message: " \
+               "'Failed to execute OnNodeConfigured script." in log
+        assert "lines of the head node's bootstrap log ip-" in log and ".cfn-init:" in log
+        assert "[ERROR] Command runpostinstall (/opt/parallelcluster/scripts/fetch_and_run -postinstall) failed" in log
         # pcluster_create failed only once its own clean-up finished: the network is free.
         with pytest.raises(ClusterNotFoundError):
             ParallelClusterHook().describe_cluster(config["cluster_name"])

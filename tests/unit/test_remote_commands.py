@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ultracluster import remote_commands as rc
+from ultracluster.parsers.progress import error_reasons, parse_launch
 
 HOSTILE = [
     "a'b; touch PWNED",
@@ -149,8 +150,64 @@ def test_sbatch_wrap_uses_launcher_when_present_and_records_failure(tmp_path):
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "78", "SRUN_LOG": str(tmp_path / "srun.log")},
     )
     assert node.returncode == 3
-    assert (tmp_path / "srun.log").read_text().split() == ["neuron_parallel_compile", job_dir + "/run.sh"]
+    launcher = str(bin_dir / "neuron_parallel_compile")  # from PATH, resolved to its path
+    assert (tmp_path / "srun.log").read_text().split() == [launcher, job_dir + "/run.sh"]
     assert Path(job_dir, "slurm-78.exit").read_text().strip() == "3"
+    assert Path(job_dir, "slurm-78.launch").read_text().split() == [
+        "UC_INFO", "launch", "mode=neuron_parallel_compile", f"path={launcher}"]
+
+
+def _run_wrap(tmp_path, **sbatch_args) -> tuple[subprocess.CompletedProcess, str]:
+    """The --wrap of an sbatch for the compile step, run as the batch node would, with a fake srun
+    and a PATH without any Neuron directory (sbatch's PATH)."""
+    job_dir = str(tmp_path / "job")
+    os.makedirs(job_dir, exist_ok=True)
+    _fake_bin(tmp_path, "srun")
+    command = rc.sbatch(job_dir=job_dir, script_path=job_dir + "/run.sh", num_nodes=1, job_name="j", comment="c",
+                        job_env={}, launcher="neuron_parallel_compile", **sbatch_args)
+    words = shlex.split(command.shell)
+    node = subprocess.run(["/bin/bash", "-c", words[words.index("--wrap") + 1]], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "79"})
+    return node, job_dir
+
+
+def _neuron_dir(tmp_path, name: str) -> str:
+    directory = tmp_path / name
+    directory.mkdir()
+    program = directory / "neuron_parallel_compile"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    return str(directory)
+
+
+def test_the_launcher_is_found_in_the_training_venv_before_the_neuron_bin(tmp_path):
+    venv_bin, neuron_bin = _neuron_dir(tmp_path, "venv-bin"), _neuron_dir(tmp_path, "neuron-bin")
+    node, job_dir = _run_wrap(tmp_path, launcher_dirs=[venv_bin, neuron_bin])
+    assert node.returncode == 0, node.stderr
+    srun_argv = [a.decode() for a in (tmp_path / "srun.argv").read_bytes().split(b"\0")[:-1]]
+    assert srun_argv == [venv_bin + "/neuron_parallel_compile", job_dir + "/run.sh"]
+    assert f"mode=neuron_parallel_compile path={venv_bin}/neuron_parallel_compile" in node.stdout
+    # Not in the venv: the Neuron bin directory.
+    os.unlink(venv_bin + "/neuron_parallel_compile")
+    node, _ = _run_wrap(tmp_path, launcher_dirs=[venv_bin, neuron_bin])
+    assert f"path={neuron_bin}/neuron_parallel_compile" in node.stdout
+
+
+def test_a_missing_launcher_fails_the_job_with_uc_error_and_runs_nothing(tmp_path):
+    node, job_dir = _run_wrap(tmp_path, launcher_dirs=[str(tmp_path / "nowhere")])
+    assert node.returncode == 2
+    reasons = error_reasons(node.stdout)
+    assert reasons and reasons[0].startswith(f"neuron_parallel_compile not found in {tmp_path}/nowhere, PATH")
+    assert not (tmp_path / "srun.argv").exists()
+    assert Path(job_dir, "slurm-79.exit").read_text().strip() == "2"
+
+
+def test_compile_only_without_the_launcher_only_when_the_caller_opts_in(tmp_path):
+    node, job_dir = _run_wrap(tmp_path, launcher_dirs=[], launcher_fallback_env={"COMPILE_ONLY": "1"})
+    assert node.returncode == 0, node.stderr
+    assert not error_reasons(node.stdout)
+    assert "COMPILE_ONLY=1" in (tmp_path / "srun.env").read_text().splitlines()
+    assert parse_launch(Path(job_dir, "slurm-79.launch").read_text()) == {"mode": "compile_only", "path": None}
 
 
 @pytest.mark.parametrize("name", ["1BAD", "A-B", "A B", "A;B", ""])

@@ -372,6 +372,17 @@ def test_the_jobs_own_uc_error_fails_at_once_without_retries(training_dir):
         op.execute_complete(context(), {"status": "failed", "job_id": "9", "state": "FAILED", "exit_code": 2})
 
 
+def test_a_host_key_mismatch_seen_by_the_trigger_fails_at_once(training_dir):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    replay = ReplayHeadNode()
+    op = operator(replay, training_dir)
+    with pytest.raises(AirflowFailException, match="not the key pinned"):
+        op.execute_complete(context(), {"status": "host_key_mismatch", "job_id": "9",
+                                        "message": "head node 127.0.0.1 presented a host key that is not the key pinned"})
+    assert replay.calls == []  # nothing more is asked of a head node that may not be ours
+
+
 @pytest.mark.parametrize("state", ["TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"])
 def test_every_failure_state_fails_the_task(training_dir, state):
     op = operator(ReplayHeadNode(tail=[OK]), training_dir)

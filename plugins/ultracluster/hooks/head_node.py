@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster import remote_commands
 
@@ -37,8 +38,9 @@ _CHATTY_SSH_LOGGERS = ("asyncssh", "paramiko")
 _READ_CHUNK = 1 << 20
 
 
-class HostKeyMismatchError(Exception):
-    """The head node presented a host key other than the one pinned at first contact."""
+class HostKeyMismatchError(AirflowFailException):
+    """The head node presented a host key other than the one pinned at first contact. Deterministic
+    (a retry meets the same key, or an attacker), so the task fails without retrying."""
 
 
 class HeadNodeUnreachableError(Exception):

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from ultracluster.parsers.pcluster import PclusterError, parse_cli_result
+from ultracluster.parsers.pcluster import PclusterError, dryrun_succeeded, parse_cli_result
 
 # create-cluster without --wait returns once CloudFormation accepted the stack; describe is quick.
 DEFAULT_CLI_TIMEOUT_S = 900
@@ -133,8 +133,15 @@ class ParallelClusterHook(BaseHook):
         *,
         rollback_on_failure: bool = False,
         suppress_validators: list[str] | None = None,
+        dryrun: bool = False,
     ) -> dict:
-        """``pcluster create-cluster`` (no --wait: callers wait with a trigger)."""
+        """``pcluster create-cluster`` (no --wait: callers wait with a trigger).
+
+        With ``dryrun``, ``--dryrun true``: ParallelCluster's validators only, nothing is created. The
+        answer pcluster gives a config it would accept (exit 1, "Request would have succeeded, but
+        DryRun flag is set.") is returned as ``{"message", "validationMessages"}``; a refused config
+        raises ClusterValidationError (or a PclusterError, see ``parsers.pcluster.config_refused``).
+        """
         args = [
             "--cluster-name", cluster_name,
             "--cluster-configuration", config_path,
@@ -142,7 +149,14 @@ class ParallelClusterHook(BaseHook):
         ]
         if suppress_validators:
             args += ["--suppress-validators", *suppress_validators]
-        return self._run("create-cluster", *args)
+        if not dryrun:
+            return self._run("create-cluster", *args)
+        try:
+            return self._run("create-cluster", *args, "--dryrun", "true")
+        except PclusterError as err:
+            if dryrun_succeeded(err):
+                return {"message": err.message, "validationMessages": list(err.payload.get("validationMessages") or [])}
+            raise
 
     def describe_cluster(self, cluster_name: str) -> dict:
         return self._run("describe-cluster", "--cluster-name", cluster_name)
@@ -179,3 +193,40 @@ class ParallelClusterHook(BaseHook):
 
     def update_compute_fleet(self, cluster_name: str, status: str) -> dict:
         return self._run("update-compute-fleet", "--cluster-name", cluster_name, "--status", status)
+
+    def get_cluster_stack_events(self, cluster_name: str, *, max_pages: int = 3) -> list[dict]:
+        """The cluster stack's events, newest first (the first ``max_pages`` pages: the recent ones)."""
+        events: list[dict] = []
+        token: str | None = None
+        for _ in range(max_pages):
+            args = ["--cluster-name", cluster_name] + (["--next-token", token] if token else [])
+            page = self._run("get-cluster-stack-events", *args)
+            events += page.get("events") or []
+            token = page.get("nextToken")
+            if not token:
+                break
+        return events
+
+    def list_cluster_log_streams(self, cluster_name: str, filters: list[str] | None = None) -> list[dict]:
+        """Log streams of the cluster; ``filters`` like ``["Name=node-type,Values=HeadNode"]``."""
+        streams: list[dict] = []
+        token: str | None = None
+        while True:
+            args = ["--cluster-name", cluster_name]
+            args += (["--filters", *filters] if filters else []) + (["--next-token", token] if token else [])
+            page = self._run("list-cluster-log-streams", *args)
+            streams += page.get("logStreams") or []
+            token = page.get("nextToken")
+            if not token:
+                return streams
+
+    def get_cluster_log_events(
+        self, cluster_name: str, log_stream_name: str, *, limit: int | None = None, start_from_head: bool | None = None
+    ) -> dict:
+        """One page of a stream's events, in time order; ``start_from_head=False`` with ``limit`` is its tail."""
+        args = ["--cluster-name", cluster_name, "--log-stream-name", log_stream_name]
+        if limit is not None:
+            args += ["--limit", str(int(limit))]
+        if start_from_head is not None:
+            args += ["--start-from-head", "true" if start_from_head else "false"]
+        return self._run("get-cluster-log-events", *args)

@@ -28,6 +28,13 @@ EFA_INSTANCE_TYPES = frozenset({"trn1.32xlarge", "trn1n.32xlarge"})
 # pcluster: starts with a letter, letters/digits/hyphens; 40 keeps room for Slurm accounting's limit.
 CLUSTER_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,39}$")
 QUEUE_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,24}$")
+# Compute nodes' storage, as in the seed: a 1024 GiB root volume, the instance store (4 x 1.9 TB NVMe
+# on trn1.32xlarge) mounted here for the jobs' scratch (the local_scratch_dir param points there).
+COMPUTE_ROOT_VOLUME_GIB = 1024
+LOCAL_STORAGE_MOUNT_DIR = "/local_storage"
+# CloudWatch Logs retention ParallelCluster accepts (Monitoring.Logs.CloudWatch.RetentionInDays).
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
+AMI_ID_PATTERN = r"^ami-[0-9a-f]{8,17}$"
 
 
 class ConfigValidationError(ValueError):
@@ -198,7 +205,8 @@ def validate_cluster_config(yaml_text: str, schema_path: str) -> dict:
 
 class RenderClusterConfigOperator(BaseOperator):
     """
-    Render, validate and upload the ParallelCluster config; nothing is created on failure.
+    Render, validate and upload the ParallelCluster config; nothing is created on failure. The config
+    passes ``pcluster create-cluster --dryrun true`` (``pcluster_conn_id``) before it is uploaded.
 
     Returns ``{"cluster_name", "config_s3_uri", "config_s3_key", "bucket", "on_node_configured_s3_uri",
     "queues", "training_queue"}``.
@@ -208,6 +216,7 @@ class RenderClusterConfigOperator(BaseOperator):
         "network", "cluster_name", "region_name", "key_name", "image_os", "head_node_instance_type", "instance_type",
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
         "artifacts_s3_uri", "dataset_s3_uri", "compile_cache_s3_uri", "extra_tags",
+        "custom_ami", "log_retention_days",
     )
     operator_extra_links = (ClusterConfigLink(),)
     ui_color = "#d9e8f5"
@@ -231,10 +240,14 @@ class RenderClusterConfigOperator(BaseOperator):
         fsx_storage_capacity_gib: int = 1200,
         extra_tags: dict[str, str] | None = None,
         image_os: str = "ubuntu2204",
+        custom_ami: str | None = None,
+        log_retention_days: int = 14,
         template_path: str | None = None,
         schema_path: str | None = None,
         on_node_configured_path: str | None = None,
         aws_conn_id: str | None = "aws_default",
+        pcluster_conn_id: str | None = "pcluster_default",
+        suppress_validators: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -254,10 +267,14 @@ class RenderClusterConfigOperator(BaseOperator):
         self.fsx_storage_capacity_gib = fsx_storage_capacity_gib
         self.extra_tags = extra_tags
         self.image_os = image_os
+        self.custom_ami = custom_ami
+        self.log_retention_days = log_retention_days
         self.template_path = template_path
         self.schema_path = schema_path
         self.on_node_configured_path = on_node_configured_path
         self.aws_conn_id = aws_conn_id
+        self.pcluster_conn_id = pcluster_conn_id  # None: no dry run (tests of the rendering alone)
+        self.suppress_validators = suppress_validators  # as pcluster_create's, so both judge alike
 
     def build_context(self, context: Context, on_node_configured_s3_uri: str) -> dict[str, Any]:
         buckets = {}
@@ -273,6 +290,10 @@ class RenderClusterConfigOperator(BaseOperator):
         return {
             "region": self.region_name,
             "image_os": self.image_os,
+            "custom_ami": self.custom_ami or None,  # null or "": ParallelCluster's own AMI
+            "log_retention_days": int(self.log_retention_days),
+            "compute_root_volume_gib": COMPUTE_ROOT_VOLUME_GIB,
+            "ephemeral_mount_dir": LOCAL_STORAGE_MOUNT_DIR,
             "cluster_name": cluster_name_for(context["run_id"], self.cluster_name),
             "head_node_instance_type": self.head_node_instance_type,
             "public_subnet_id": network.get("public_subnet_id"),
@@ -286,6 +307,14 @@ class RenderClusterConfigOperator(BaseOperator):
             "fsx_storage_capacity_gib": int(self.fsx_storage_capacity_gib),
             "tags": [{"key": k, "value": str(v)} for k, v in tags.items()],
         }
+
+    def _dryrun(self, cluster_name: str, rendered: str) -> list[dict]:
+        from ultracluster.hooks.parallelcluster import ParallelClusterHook
+        from ultracluster.operators._config_dryrun import dryrun_cluster_config
+
+        hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
+        return dryrun_cluster_config(hook, cluster_name, rendered, suppress_validators=self.suppress_validators,
+                                     log=self.log)
 
     def execute(self, context: Context) -> dict:
         bucket, run_prefix = run_artifacts_location(self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"])
@@ -301,10 +330,16 @@ class RenderClusterConfigOperator(BaseOperator):
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
         s3 = S3Hook(aws_conn_id=self.aws_conn_id)
-        s3.load_file(
-            self.on_node_configured_path or _include("cluster", "on_node_configured.sh"),
+        from ultracluster.neuron_versions import render_on_node_configured
+
+        # Only the script reaches the nodes: it goes up with the pinned Neuron versions rendered in.
+        s3.load_string(
+            render_on_node_configured(self.on_node_configured_path or _include("cluster", "on_node_configured.sh")),
             key=script_key, bucket_name=bucket, replace=True,
         )
+        if self.pcluster_conn_id:
+            # After the script's upload: pcluster checks that the S3 objects the config names exist.
+            self._dryrun(template_context["cluster_name"], rendered)
         s3.load_string(rendered, key=config_key, bucket_name=bucket, replace=True)
         ClusterConfigLink.persist(context=context, region_name=self.region_name, bucket=bucket, key=config_key)
         return {

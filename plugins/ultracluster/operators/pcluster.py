@@ -18,7 +18,6 @@ from ultracluster.parsers.pcluster import (
     CREATE_COMPLETE,
     CREATE_FAILED,
     CREATE_IN_PROGRESS,
-    DELETE_COMPLETE,
     DELETE_IN_PROGRESS,
     UPDATE_COMPLETE,
     public_description,
@@ -265,30 +264,44 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         raise AssertionError("unreachable")
 
     def _fail_and_delete(self, hook, description: dict, reason: str) -> None:
-        """Log the failures, delete the cluster, and fail once it is gone (fail_after_delete)."""
-        from ultracluster.parsers.pcluster import ClusterNotFoundError, failures
+        """Log the failures, the failed stack events and the bootstrap log tail (_create_failure), delete
+        the cluster, and fail once it is gone (fail_after_delete); a config-caused failure is not retried."""
+        from ultracluster.operators._create_failure import log_create_failure
+        from ultracluster.parsers.pcluster import ClusterNotFoundError, failures, is_config_failure
 
         found = failures(description)
         for failure in found:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
+        log_create_failure(self.log, hook, self.cluster_name, found)
         summary = "; ".join(f"{f.get('failureCode')}: {f.get('failureReason')}" for f in found)
         message = f"Cluster {self.cluster_name}: {reason}. {summary}".strip()
+        deterministic = is_config_failure(found)
         if description.get("clusterStatus") != DELETE_IN_PROGRESS:
             try:
                 hook.delete_cluster(self.cluster_name)
             except ClusterNotFoundError:
-                raise RuntimeError(f"{message} (it is already gone)") from None
+                self._raise_failure(f"{message} (it is already gone)", deterministic)
         self.log.info("Deleting cluster %s; the task fails once it is gone", self.cluster_name)
         self.defer(
             trigger=self._status_trigger("ClusterDeleteComplete"),
             method_name="fail_after_delete",
-            kwargs={"failure": message},
+            kwargs={"failure": message, "deterministic": deterministic},
         )
 
-    def fail_after_delete(self, context: Context, event: dict[str, Any], failure: str = "") -> None:
+    @staticmethod
+    def _raise_failure(message: str, deterministic: bool) -> None:
+        """A failure the configuration causes fails the task without retries: a new create fails the same way."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        if deterministic:
+            raise AirflowFailException(f"{message}; not retried: the cluster configuration causes it")
+        raise RuntimeError(message)
+
+    def fail_after_delete(self, context: Context, event: dict[str, Any], failure: str = "",
+                          deterministic: bool = False) -> None:
         """Resume after the clean-up wait: always fails, with the original failure."""
         if event.get("status") == "success":
-            raise RuntimeError(f"{failure} (the cluster was deleted)")
+            self._raise_failure(f"{failure} (the cluster was deleted)", deterministic)
         arn = (event.get("description") or {}).get("cloudformationStackArn")
         raise RuntimeError(
             f"{failure} (deleting it failed too: {event.get('message')}"

@@ -23,25 +23,19 @@ from ultracluster import remote_commands
 from ultracluster.clock import iso as _iso
 from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.operators._slurm_reattach import STATE_KEY_JOB_ID, SlurmReattachMixin
 from ultracluster.operators.config import node_count
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from ultracluster.hooks.slurm import JobStatus, SlurmHook
+    from ultracluster.hooks.slurm import SlurmHook
 
 DEFAULT_RUN_SCRIPT = "run_dp_bert_large_hf_pretrain_bf16_s128.sh"
+# Where the Neuron apt packages (aws-neuronx-tools) put their programs.
+NEURON_BIN = "/opt/aws/neuron/bin"
 # Key in the task state store; renaming it breaks reattach for in-flight retries.
-STATE_KEY_JOB_ID = "slurm_job_id"
 STATE_KEY_LOG_OFFSET = "slurm_log_offset"
-
-
-def _newest(jobs: Sequence[Any]) -> Any | None:
-    def job_number(job: Any) -> int:
-        head = str(job.job_id).split("_", 1)[0]
-        return int(head) if head.isdigit() else -1
-
-    return max(jobs, key=job_number, default=None)
 
 
 def _env_value(value: Any) -> str:
@@ -54,7 +48,7 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-class SlurmJobOperator(BaseOperator):
+class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
     """Submit ``sbatch --exclusive --nodes N --wrap "srun [launcher] <run script>"`` and wait for it.
 
     :param head_node: the dict wait_for_fleet returned (address, pinned host key, partition).
@@ -63,8 +57,12 @@ class SlurmJobOperator(BaseOperator):
     :param job_env: environment for the run script (training job contract).
     :param extra_job_env: more variables for the job (tuning knobs such as TORCH_NUM_THREADS or
         NEURON_CC_FLAGS); they never override a ``job_env`` key.
-    :param launcher: program srun runs the script under (``neuron_parallel_compile``); when it is
-        missing on the node the script runs with ``launcher_fallback_env`` instead.
+    :param launcher: program srun runs the script under (``neuron_parallel_compile``), resolved on
+        the node next to ``TRAINING_PYTHON``, then in ``launcher_dirs``, then on PATH. Missing: the
+        job fails with ``UC_ERROR`` (no retry)...
+    :param launcher_fallback_env: ...unless this is given (the local profile's explicit opt-in): the
+        script then runs without the launcher, with these variables (``{"COMPILE_ONLY": "1"}``).
+        The mode that ran is logged and returned as ``launch``.
     :param training_files_dir: local directory (include/training) copied into ``job_dir``.
     :param job_name: readable part of the Slurm job name (a hash of dag/run/task ids is appended).
     :param ssh_conn_id: SSH connection of the head node.
@@ -112,6 +110,7 @@ class SlurmJobOperator(BaseOperator):
         partition: str | None = None,
         run_script: str = DEFAULT_RUN_SCRIPT,
         launcher_fallback_env: Mapping[str, str] | None = None,
+        launcher_dirs: Sequence[str] = (NEURON_BIN,),
         outage_timeout: float = 900,
         time_limit_minutes: int | None = None,
         log_tail_lines: int = 40,
@@ -135,9 +134,8 @@ class SlurmJobOperator(BaseOperator):
         self.poll_interval = poll_interval
         self.partition = partition
         self.run_script = run_script
-        self.launcher_fallback_env = dict(
-            launcher_fallback_env if launcher_fallback_env is not None else {"COMPILE_ONLY": "1"}
-        )
+        self.launcher_fallback_env = dict(launcher_fallback_env) if launcher_fallback_env is not None else None
+        self.launcher_dirs = list(launcher_dirs)
         self.outage_timeout = outage_timeout
         self.time_limit_minutes = time_limit_minutes
         self.log_tail_lines = log_tail_lines
@@ -197,6 +195,7 @@ class SlurmJobOperator(BaseOperator):
             comment=f"ultracluster run_id={run_id}",
             job_env=self.job_env,
             launcher=self.launcher,
+            launcher_dirs=self._launcher_dirs(),
             launcher_fallback_env=self.launcher_fallback_env,
             partition=self.partition or self.head_node.get("partition"),
             time_limit_minutes=self.time_limit_minutes,
@@ -205,55 +204,6 @@ class SlurmJobOperator(BaseOperator):
         return args
 
     # ----------------------------------------------------------------------- reattach/submit
-
-    def _reattachable(self, status: JobStatus | None) -> bool:
-        return status is not None and (not status.terminal or status.succeeded)
-
-    def find_existing_job(self, context: Context, job_name: str) -> str | None:
-        """A job of this task to reattach to: stored id first, then by name. None: submit."""
-        from ultracluster.parsers import slurm as parse
-
-        store = context.get("task_state_store")
-        stored = store.get(STATE_KEY_JOB_ID) if store is not None else None
-        if stored:
-            stored = str(stored)
-            status = self._stored_job_status(stored, job_name, context["ti"].run_id)
-            if status is None:
-                self.log.warning(
-                    "Stored Slurm job %s is not this task's job %s (the cluster was rebuilt and reuses ids); "
-                    "ignoring it",
-                    stored,
-                    job_name,
-                )
-            elif self._reattachable(status):
-                self.log.info("Reattaching to Slurm job %s from the task state store (%s)", stored, status.state)
-                return stored
-            else:
-                self.log.info("Stored Slurm job %s ended %s; submitting a new one", stored, status.state)
-        candidates = [
-            job
-            for job in self.hook.squeue_by_name(job_name)
-            if parse.is_active(job.state) or job.state in parse.SUCCESS_STATES
-        ]
-        if newest := _newest(candidates):
-            self.log.info("Reattaching to Slurm job %s (%s) found by name %s", newest.job_id, newest.state, job_name)
-            return newest.job_id
-        return None
-
-    def _stored_job_status(self, job_id: str, job_name: str, run_id: str) -> JobStatus | None:
-        """Status of the stored job id, or None when that id now belongs to another job.
-
-        A stored id outlives the cluster (a cleared setup builds a new one in the same run, and its
-        job ids restart at 1): it is this task's job only if Slurm reports this task's name (and run
-        id in the comment, where squeue still shows it).
-        """
-        queued = self.hook.squeue_job(job_id)
-        if queued and (queued[0].name != job_name or f"run_id={run_id}" not in (queued[0].comment or "")):
-            return None
-        status = self.hook.job_status(job_id, self.job_dir, job_name=job_name)
-        if status.state != "UNKNOWN" and status.name != job_name:
-            return None
-        return status
 
     def copy_training_files(self) -> None:
         """Copy include/training into the job directory (temp name + rename: safe to repeat)."""
@@ -339,7 +289,7 @@ class SlurmJobOperator(BaseOperator):
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
         log_path = self._log_path(job_id)
-        if event.get("status") == "budget":
+        if event.get("status") in ("budget", "host_key_mismatch"):  # deterministic: no retry
             raise AirflowFailException(str(event.get("message")))
         if event.get("status") != "success":
             from ultracluster.parsers.progress import error_reasons
@@ -361,8 +311,41 @@ class SlurmJobOperator(BaseOperator):
             "started_at": _iso(getattr(context.get("ti"), "start_date", None)),
             "ended_at": utc_now(),
         }
+        if self.launcher:
+            result["launch"] = self._launch_mode(job_id)
+            result["compile_cache"] = self._compile_cache_stats(result["results_path"])
         self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], output_dir)
         return result
+
+    def _launcher_dirs(self) -> list[str]:
+        # The training venv's bin/ first: neuron_parallel_compile is installed with neuronx-cc there.
+        python = self.job_env.get("TRAINING_PYTHON") or ""
+        first = [posixpath.dirname(python)] if posixpath.isabs(python) else []
+        return list(dict.fromkeys([*first, *self.launcher_dirs]))
+
+    def _compile_cache_stats(self, results_path: str) -> dict[str, Any] | None:
+        """The compile job's cache hits and misses, from its results.json (None when unreadable)."""
+        text = self.hook.head_node_hook.check(remote_commands.read_file(results_path)).stdout
+        try:
+            metrics = json.loads(text)["results"]["metrics"]
+        except (ValueError, KeyError, TypeError):
+            self.log.warning("No readable results.json at %s: compile cache figures unknown", results_path)
+            return None
+        stats = {m["MetricName"]: m for m in metrics if str(m.get("MetricName", "")).startswith("Compile cache")}
+        hits, misses = stats.get("Compile cache hits", {}), stats.get("Compile cache misses", {})
+        figures = {"backend": (hits.get("AdditionalData") or {}).get("backend"),
+                   "hits": hits.get("MeasuredValue"), "misses": misses.get("MeasuredValue")}
+        self.log.info("Compile cache: backend=%s hits=%s misses=%s", *figures.values())
+        return figures
+
+    def _launch_mode(self, job_id: str) -> dict[str, str | None]:
+        """What the job ran under, from the ``slurm-<id>.launch`` marker its wrap wrote."""
+        from ultracluster.parsers.progress import parse_launch
+
+        text = self.hook.tail_log(remote_commands.job_file(self.job_dir, job_id, "launch"), lines=5)
+        launch = parse_launch(text)
+        self.log.info("Compile mode: %s%s", launch["mode"], f" ({launch['path']})" if launch.get("path") else "")
+        return launch
 
     def _failure_message(self, event: Mapping[str, Any], log_path: str) -> str:
         state = event.get("state") or event.get("status")

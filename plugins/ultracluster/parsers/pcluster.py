@@ -34,6 +34,13 @@ _DESCRIPTION_KEYS = (
 _NOT_FOUND = re.compile(r"does not exist", re.IGNORECASE)
 _ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
 
+# create-cluster --dryrun true (pcluster's create-cluster controller): a config it would accept is an
+# error too, exit 1 with this message (plus validationMessages for warnings); a config it refuses is
+# ClusterValidationError, or a plain 400 whose message starts as below (a subnet that does not exist,
+# a bad cluster name, no official AMI). Anything else (throttling, a failed AWS call) may pass on a retry.
+DRYRUN_SUCCEEDED = "Request would have succeeded, but DryRun flag is set."
+_CONFIG_REFUSED = re.compile(r"^(Bad Request|Invalid cluster configuration)\b")
+
 # Longest stderr tail kept in an error: enough to diagnose, short enough for a log line.
 _STDERR_TAIL_CHARS = 2000
 
@@ -135,6 +142,16 @@ def parse_cli_result(returncode: int, stdout: str, stderr: str) -> dict:
     raise PclusterError(message, returncode, payload)
 
 
+def dryrun_succeeded(error: PclusterError) -> bool:
+    """True when ``error`` is a dry run's "would have succeeded" answer."""
+    return error.message.strip() == DRYRUN_SUCCEEDED and not isinstance(error, ClusterValidationError)
+
+
+def config_refused(error: PclusterError) -> bool:
+    """True when pcluster refused the configuration itself: the same config fails again on a retry."""
+    return isinstance(error, ClusterValidationError) or bool(_CONFIG_REFUSED.match(error.message.strip()))
+
+
 def cluster_status(description: dict) -> str:
     """clusterStatus from describe-cluster, or create/delete's nested ``cluster`` object."""
     cluster = description.get("cluster", description)
@@ -168,3 +185,56 @@ def head_node_address(description: dict) -> str | None:
     """Public IP of the head node (the SSH target), else its private IP."""
     head = description.get("headNode") or {}
     return head.get("publicIpAddress") or head.get("privateIpAddress")
+
+
+# --- stack events and head node logs (get-cluster-stack-events, list-cluster-log-streams, get-cluster-log-events)
+
+# Head node streams holding its bootstrap, as the cookbook's CloudWatch agent config names them
+# (<short private DNS name>.<instance id>.<log>): cfn-init runs the custom actions (OnNodeStart,
+# OnNodeConfigured), chef-client the rest; cloud-init-output is collected on the head node only by
+# older versions, cloud-init is the last resort.
+CFN_INIT_LOG, CHEF_CLIENT_LOG = "cfn-init", "chef-client"
+BOOTSTRAP_LOGS = (CHEF_CLIENT_LOG, CFN_INIT_LOG, "cloud-init-output", "cloud-init")
+HEAD_NODE_LOG_FILTER = "Name=node-type,Values=HeadNode"
+_CUSTOM_ACTION_CODES = ("OnNodeStart", "OnNodeConfigured")
+# failureCodes the configuration causes (custom action scripts, the AMI, shared storage settings):
+# creating the same cluster again fails the same way. Capacity, timeouts and unknown causes may pass.
+CONFIG_FAILURE_CODES = frozenset({
+    "OnNodeStartExecutionFailure", "OnNodeStartDownloadFailure", "OnNodeStartFailure",
+    "OnNodeConfiguredExecutionFailure", "OnNodeConfiguredDownloadFailure", "OnNodeConfiguredFailure",
+    "AmiVersionMismatch", "InvalidAmi", "EbsMountFailure", "EfsMountFailure", "FsxMountFailure", "RaidMountFailure",
+})
+
+
+def is_config_failure(found: list[dict]) -> bool:
+    return any(f.get("failureCode") in CONFIG_FAILURE_CODES for f in found)
+
+
+def failed_stack_events(events: list[dict], limit: int = 5) -> list[dict]:
+    """The newest ``limit`` events whose resourceStatus is a *_FAILED one, newest first."""
+    failed = [e for e in events if str(e.get("resourceStatus") or "").endswith("_FAILED")]
+    return sorted(failed, key=lambda e: str(e.get("timestamp") or ""), reverse=True)[:limit]
+
+
+def describe_stack_event(event: dict) -> str:
+    return redact_signed_urls(
+        f"{event.get('timestamp', '?')} {event.get('logicalResourceId', '?')} ({event.get('resourceType', '?')}) "
+        f"{event.get('resourceStatus', '?')}: {event.get('resourceStatusReason') or 'no reason given'}")
+
+
+def bootstrap_log_stream(streams: list[dict], found: list[dict] | None = None) -> str | None:
+    """Name of the head node stream to tail: cfn-init first for a custom action failure, else chef-client."""
+    names = [str(s.get("logStreamName") or "") for s in streams]
+    order = BOOTSTRAP_LOGS
+    if any(str(f.get("failureCode") or "").startswith(_CUSTOM_ACTION_CODES) for f in found or []):
+        order = (CFN_INIT_LOG, *[log for log in BOOTSTRAP_LOGS if log != CFN_INIT_LOG])
+    for log in order:
+        for name in names:
+            if name.endswith("." + log):
+                return name
+    return None
+
+
+def log_event_messages(payload: dict) -> list[str]:
+    """get-cluster-log-events' messages in time order, secrets redacted."""
+    return [redact_signed_urls(str(e.get("message", "")).rstrip("\n")) for e in payload.get("events") or []]

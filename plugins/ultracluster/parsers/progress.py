@@ -49,6 +49,16 @@ def error_reasons(text: str) -> list[str]:
             for line in text.splitlines() if ERROR_PREFIX in line]
 
 
+def parse_launch(text: str) -> dict[str, str | None]:
+    """``UC_INFO launch mode=<launcher|compile_only> [path=<path>] ...`` (the job's launch marker) as
+    ``{"mode", "path"}``; mode ``unknown`` when there is no such line."""
+    for line in reversed(text.splitlines()):
+        if f"{INFO_PREFIX}launch " in line:
+            words = dict(word.split("=", 1) for word in line.split() if "=" in word)
+            return {"mode": words.get("mode", "unknown"), "path": words.get("path")}
+    return {"mode": "unknown", "path": None}
+
+
 def has_marker(line: str) -> bool:
     return any(marker in line for marker in MARKERS)
 

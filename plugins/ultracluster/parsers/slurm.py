@@ -69,6 +69,14 @@ def parse_sbatch(stdout: str) -> str:
 # sinfo state suffixes: * not responding, ~ powered off, # powering up, % powering down,
 # ! pending power down, $ maintenance, @ pending reboot, ^ rebooting, - planned.
 _NODE_FLAGS = "*~#%!$@^-"
+# Reasons of a node whose launch or bootstrap failed, whatever state it shows meanwhile (down#, down~,
+# idle%, idle~): ParallelCluster's resume and clustermgtd ("(Code:InsufficientInstanceCapacity)Failure
+# when resuming nodes", "(Code:...)Temporarily disabling node due to insufficient capacity", "Scheduler
+# health check failed", "Static node maintenance: unhealthy node is being replaced") and Slurm's own
+# ("ResumeTimeout reached": the node never registered).
+_POWER_UP_FAILURE = re.compile(
+    r"\(Code:\w+\)|Failure when resuming nodes|ResumeTimeout reached|Scheduler health check failed|"
+    r"Static node maintenance|bootstrap fail", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,10 @@ class NodeStatus:
     def is_idle_powered_down(self) -> bool:
         """A dynamic node Slurm will power up for a job (``idle~``)."""
         return self.base == "idle" and self.flags == "~"
+
+    @property
+    def power_up_failed(self) -> bool:
+        return bool(self.reason and _POWER_UP_FAILURE.search(self.reason))
 
     @property
     def is_unusable(self) -> bool:
@@ -146,6 +158,7 @@ class PartitionCapacity:
     powered_down: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
     unusable: dict[str, str] = field(default_factory=dict)  # node -> "state: reason"
+    failed: dict[str, str] = field(default_factory=dict)  # power-up failed: node -> "state: reason"
     partition_up: bool = True
 
     @property
@@ -165,12 +178,12 @@ class PartitionCapacity:
         text = (
             f"partition {self.partition}: need {self.wanted} node(s); idle {len(self.idle)}, "
             f"idle~ (powered down) {len(self.powered_down)}, busy {len(self.busy)}, "
-            f"unusable {len(self.unusable)}"
+            f"unusable {len(self.unusable)}" + (f", failed to power up {len(self.failed)}" if self.failed else "")
         )
         if not self.partition_up:
             text += " (partition is not up)"
-        if self.unusable:
-            text += "; " + "; ".join(f"{node} {why}" for node, why in sorted(self.unusable.items()))
+        if self.unusable or self.failed:
+            text += "; " + "; ".join(f"{node} {why}" for node, why in sorted({**self.unusable, **self.failed}.items()))
         return text
 
 
@@ -189,7 +202,9 @@ def partition_capacity(nodes: Iterable[NodeStatus], partition: str | None, wante
     capacity = PartitionCapacity(partition=partition, wanted=wanted)
     capacity.partition_up = all(n.available == "up" for n in members)
     for node in members:
-        if node.is_unusable:
+        if node.power_up_failed:
+            capacity.failed[node.name] = f"{node.state}: {node.reason}"
+        elif node.is_unusable:
             capacity.unusable[node.name] = f"{node.state}: {node.reason or 'no reason given'}"
         elif node.is_idle_ready:
             capacity.idle.append(node.name)

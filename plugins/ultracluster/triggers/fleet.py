@@ -5,7 +5,9 @@ Two gates, both re-checked every poll:
 2. Slurm on the head node (``sinfo``): the partition has ``num_nodes`` nodes that are idle (static)
    or idle~ (dynamic, powered down, Slurm starts them for the job).
 It fails fast, with the reason, when waiting cannot help: CREATE_FAILED (failures[]), deletion,
-PROTECTED or stopped fleets, or too few usable nodes (down, drained) in the partition.
+PROTECTED or stopped fleets, too few usable nodes (down, drained) in the partition, nodes whose
+power-up failed (Slurm's reason: insufficient capacity, bootstrap failure, ResumeTimeout) while the job
+cannot run without them, or nodes that stay down or not responding (``stuck_after_s``).
 
 First contact: without a pinned host key the trigger reads the head node's key once (asyncssh),
 then uses it for every later connection and returns it in its event. A key is pinned for one
@@ -15,6 +17,7 @@ cluster identity (``cluster_identity``): a cluster rebuilt under the same name g
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -81,12 +84,31 @@ def cluster_identity(description: dict[str, Any]) -> str:
 
 
 def evaluate_capacity(capacity) -> tuple[str, str]:
-    """(verdict, reason) for a ``parsers.slurm.PartitionCapacity``."""
+    """(verdict, reason) for a ``parsers.slurm.PartitionCapacity``.
+
+    Nodes whose power-up failed (insufficient capacity, a bootstrap failure, ResumeTimeout) fail the
+    wait at once when the others cannot run the job: ParallelCluster retries them only after its
+    insufficient-capacity timeout or a replacement, so waiting would mostly run into the timeout.
+    """
     if capacity.ready:
         return READY, capacity.describe()
+    if capacity.failed:
+        failed = "; ".join(f"{node} ({why})" for node, why in sorted(capacity.failed.items()))
+        return FAIL, f"Nodes failed to power up: {failed}. {capacity.describe()}"
     if capacity.impossible:
         return FAIL, "Not enough usable nodes: " + capacity.describe()
     return WAIT, capacity.describe()
+
+
+def stuck_nodes(capacity, since: dict[str, float], now: float, after_s: float) -> list[str]:
+    """Unusable nodes (down, not responding, drained) seen unusable at every check for ``after_s``;
+    ``since`` (node -> first seen) is updated in place."""
+    for node in list(since):
+        if node not in capacity.unusable:
+            del since[node]
+    for node in capacity.unusable:
+        since.setdefault(node, now)
+    return sorted(node for node, first in since.items() if now - first >= after_s)
 
 
 class ComputeFleetTrigger(BaseTrigger):
@@ -103,6 +125,7 @@ class ComputeFleetTrigger(BaseTrigger):
         is used only while describe-cluster reports that same identity.
     :param poke_interval: seconds between checks.
     :param region_name: AWS region for ParallelClusterHook (None: the connection's).
+    :param stuck_after_s: fail when, the job not runnable yet, nodes stay down or not responding this long.
     """
 
     def __init__(
@@ -118,8 +141,11 @@ class ComputeFleetTrigger(BaseTrigger):
         host_key_cluster: str | None = None,
         poke_interval: float = 30,
         region_name: str | None = None,
+        stuck_after_s: float = 600,
     ) -> None:
         super().__init__()
+        self.stuck_after_s = float(stuck_after_s)
+        self._unusable_since: dict[str, float] = {}
         self.cluster_name = cluster_name
         self.num_nodes = int(num_nodes)
         self.partition = partition
@@ -145,6 +171,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 "host_key_cluster": self.host_key_cluster,
                 "poke_interval": self.poke_interval,
                 "region_name": self.region_name,
+                "stuck_after_s": self.stuck_after_s,
             },
         )
 
@@ -194,6 +221,10 @@ class ComputeFleetTrigger(BaseTrigger):
         except SlurmParseError as err:  # e.g. the partition is unknown: waiting will not create it
             return FAIL, str(err), None
         verdict, reason = evaluate_capacity(capacity)
+        stuck = stuck_nodes(capacity, self._unusable_since, time.monotonic(), self.stuck_after_s)
+        if verdict == WAIT and stuck:
+            verdict, reason = FAIL, (f"Nodes stayed down, drained or not responding for {self.stuck_after_s:.0f}s: "
+                                     + "; ".join(f"{n} ({capacity.unusable[n]})" for n in stuck) + f". {reason}")
         head_node["partition"] = capacity.partition
         return verdict, reason, head_node if verdict == READY else None
 

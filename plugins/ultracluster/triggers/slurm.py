@@ -190,7 +190,7 @@ class SlurmJobTrigger(BaseTrigger):
                             return
                         await asyncio.sleep(self.poll_interval)
             except HostKeyMismatchError as err:
-                yield self._event("error", message=str(err))
+                yield self._event("host_key_mismatch", message=str(err))
                 return
             except HeadNodeUnreachableError as err:
                 failures += 1

@@ -1,0 +1,18 @@
+"""Every shell command ultracluster runs on the head node is built here.
+
+Rules this module keeps so callers cannot get them wrong:
+- every interpolated value goes through ``shlex.quote`` (or is validated to a strict pattern first);
+- secrets (presigned URLs) never appear in a command line: they travel on the command's stdin as a
+  curl config (``curl -K -``), so they are not in ``ps`` on the head node, in logs or in XCom;
+- ``str(command)`` is a short safe description, the text that is actually run is ``command.shell``.
+Only the stdlib is imported: the DAG file imports operators that import this module at parse time.
+"""
+
+from ultracluster.remote_commands._base import RemoteCommand, _check_job_id, _env_words, _from_argv
+from ultracluster.remote_commands.files import *  # noqa: F403
+from ultracluster.remote_commands.files import _curl_config
+from ultracluster.remote_commands.slurm import *  # noqa: F403
+from ultracluster.remote_commands.slurm import SINFO_FORMAT, SQUEUE_FORMAT
+
+__all__ = ["RemoteCommand", "SINFO_FORMAT", "SQUEUE_FORMAT", "_check_job_id", "_curl_config", "_env_words",
+           "_from_argv"]

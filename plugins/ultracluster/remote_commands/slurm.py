@@ -1,0 +1,172 @@
+"""Slurm commands: queries, scancel, and the one place sbatch is built."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+from ultracluster.remote_commands._base import RemoteCommand, _check_job_id, _env_words, _from_argv
+
+# Output formats the parsers in ultracluster.parsers.slurm expect. Free text (reason, comment) is
+# kept in the last column so a "|" inside it cannot shift the other columns.
+SINFO_FORMAT = "%P|%a|%D|%T|%N|%E"
+SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%k"
+
+# Slurm job states squeue is asked about when looking for a job to reattach to.
+_ALL_STATES = "all"
+
+_JOB_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+JOB_NAME_MAX = 120
+
+
+def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None) -> str:
+    """Deterministic, shell- and Slurm-safe job name for one task of one run.
+
+    The readable part is sanitised and cut; the hash of the exact ids keeps two runs (or two
+    tasks) whose ids sanitise to the same text apart, so reattach never picks another run's job.
+    """
+    identity = f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    readable = _JOB_NAME_UNSAFE.sub("_", label or f"{dag_id}.{task_id}").strip("._-") or "task"
+    readable = readable[: JOB_NAME_MAX - len(digest) - 4]
+    return f"uc.{readable}.{digest}"
+
+
+# ----------------------------------------------------------------------------------------- Slurm
+
+
+def sinfo(partition: str | None = None) -> RemoteCommand:
+    """One line per node and partition: partition|avail|count|state|node|reason."""
+    argv = ["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT]
+    if partition:
+        argv += ["--partition", partition]
+    return _from_argv(*argv)
+
+
+def squeue_by_name(job_name: str) -> RemoteCommand:
+    """Live and recently finished (still in slurmctld memory) jobs with this exact name."""
+    return _from_argv("squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT)
+
+
+def squeue_job(job_id: str | int) -> RemoteCommand:
+    """The job with this id (live or recently finished): its name and comment say whose it is."""
+    return _from_argv(
+        "squeue", "--noheader", "--states", _ALL_STATES, "--jobs", _check_job_id(job_id), "--format", SQUEUE_FORMAT
+    )
+
+
+def scontrol_show_job(job_id: str | int) -> RemoteCommand:
+    # The one-line form keeps the parse simple; the parser accepts both forms anyway.
+    return _from_argv("scontrol", "--oneliner", "show", "job", _check_job_id(job_id))
+
+
+def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
+    """Final state from accounting; fails with "accounting storage is disabled" without slurmdbd.
+
+    With ``job_name`` only a job of that id AND name is listed (a rebuilt cluster reuses ids).
+    """
+    argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", _check_job_id(job_id)]
+    if job_name:
+        argv += ["--name", job_name]
+    return _from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
+
+
+def scancel(job_id: str | int) -> RemoteCommand:
+    return _from_argv("scancel", _check_job_id(job_id))
+
+
+# The job's files next to each other in its directory: the Slurm log (out), srun's exit code (exit)
+# and the job's name (name), written by the job sbatch() builds.
+_JOB_FILE = "{job_dir}/slurm-{job_id}.{kind}"
+
+
+def job_file(job_dir: str, job_id: str | int, kind: str) -> str:
+    return _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id=_check_job_id(job_id), kind=kind)
+
+
+def sbatch(
+    *,
+    job_dir: str,
+    script_path: str,
+    num_nodes: int,
+    job_name: str,
+    comment: str,
+    job_env: Mapping[str, str],
+    launcher: str | None = None,
+    launcher_dirs: Sequence[str] = (),
+    launcher_fallback_env: Mapping[str, str] | None = None,
+    partition: str | None = None,
+    exclusive: bool = True,
+    time_limit_minutes: int | None = None,
+) -> RemoteCommand:
+    """``sbatch --exclusive --nodes N --wrap "srun [launcher] script"`` from the job directory.
+
+    The job environment is set with ``env NAME=value sbatch --export ALL``: sbatch hands its own
+    environment to the job, and unlike ``--export=ALL,NAME=value`` a value may contain commas.
+    ``launcher`` is resolved on the batch node before srun (with MinCount 0 no compute node exists
+    before submission): the first executable ``<dir>/<launcher>`` of ``launcher_dirs``, else PATH.
+    The job's PATH is sbatch's, which lacks the Neuron venv and /opt/aws/neuron/bin (only
+    /etc/profile.d adds them), hence the directories. The choice is printed as a ``UC_INFO launch``
+    line and written to ``slurm-<jobid>.launch``. When it is missing the job prints ``UC_ERROR`` and
+    exits 2, unless ``launcher_fallback_env`` is given: then the script runs without it, with that
+    env added (the script's compile-only mode; only a profile that says so passes it).
+    The wrap records the job name (``slurm-<jobid>.name``) and srun's exit code
+    (``slurm-<jobid>.exit``) next to the Slurm log so the final state, and whose job it was, are
+    known even after slurmctld forgot the job and there is no accounting.
+    """
+    if int(num_nodes) < 1:
+        raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
+    env_words = _env_words(job_env)
+    run = shlex.join(["srun", script_path])
+    if launcher:
+        run = _launch(launcher, launcher_dirs, launcher_fallback_env, script_path, job_dir)
+    # The batch shell fills in the id; the name tells whose exit marker it is once job ids repeat
+    # (a rebuilt cluster restarts at 1).
+    exit_marker, name_marker = (
+        _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind=kind)
+        for kind in ("exit", "name")
+    )
+    wrap = f'echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
+    argv = [
+        "sbatch", "--parsable", "--job-name", job_name, "--comment", comment, "--nodes", str(int(num_nodes)),
+        "--chdir", job_dir, "--output", _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
+        "--export", "ALL",
+        # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
+        # from scratch behind the task's back and hide NODE_FAIL.
+        "--no-requeue",
+    ]
+    if exclusive:
+        argv.append("--exclusive")
+    if partition:
+        argv += ["--partition", partition]
+    if time_limit_minutes:
+        argv += ["--time", str(int(time_limit_minutes))]
+    argv += ["--wrap", wrap]
+    shell = shlex.join([*env_words, *argv])
+    return RemoteCommand(shell=shell, description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})")
+
+
+def _launch(launcher: str, dirs: Sequence[str], fallback_env: Mapping[str, str] | None, script_path: str,
+            job_dir: str) -> str:
+    """Shell that resolves ``launcher`` on the node and runs ``srun <launcher> <script>`` (see sbatch)."""
+    if "/" in launcher or not launcher.strip():
+        raise ValueError(f"launcher must be a program name, got {launcher!r}")
+    candidates = [posixpath.join(d, launcher) for d in dirs if d and posixpath.isabs(d)]
+    marker = _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind="launch")
+    where = ", ".join([*dict.fromkeys(posixpath.dirname(c) for c in candidates), "PATH"])
+    found = (f'echo "UC_INFO launch mode={launcher} path=$L" | tee {marker}; '
+             f'srun "$L" {shlex.quote(script_path)}')
+    if fallback_env is not None:
+        missing = (f"echo {shlex.quote(f'UC_INFO launch mode=compile_only {launcher} not found in {where}')}"
+                   f" | tee {marker}; {shlex.join([*_env_words(fallback_env), 'srun', script_path])}")
+    else:
+        reason = (f"UC_ERROR {launcher} not found in {where}: install the Neuron tools on the nodes "
+                  "or point training_python at the Neuron venv")
+        missing = f"echo {shlex.quote(reason)}; (exit 2)"
+    return (f"L=; for c in {' '.join(shlex.quote(c) for c in candidates)}; do "
+            'if [ -x "$c" ]; then L=$c; break; fi; done; '
+            f'[ -n "$L" ] || L=$(command -v {shlex.quote(launcher)} || true); '
+            f'if [ -n "$L" ]; then {found}; else {missing}; fi')

@@ -1,0 +1,286 @@
+"""The rendered cluster config against the real ParallelCluster: aws-parallelcluster 3.16.1 in its own venv.
+
+.venvs/pcluster (requirements-pcluster.lock) cannot share Airflow's venv, so its schema runs in a
+subprocess: scripts/pcluster_validate.py loads the YAML with ``ClusterSchema`` as `pcluster
+create-cluster` does, offline (any AWS call is refused and reported). The configs are rendered by the
+project's own code (RenderClusterConfigOperator.build_context + render_cluster_config), so template
+changes are checked here as they land. Where the venv is missing: a failure under CI, else a skip.
+
+The last tests run the real `pcluster create-cluster --dryrun true` against a moto server
+(docs/operations.md, "The real ParallelCluster against moto").
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from ultracluster.operators.config import (
+    ConfigValidationError,
+    RenderClusterConfigOperator,
+    render_cluster_config,
+    validate_cluster_config,
+)
+from ultracluster.params import IMAGE_OS, dag_params
+from ultracluster.profiles import include_dir, load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+PCLUSTER_BIN = REPO / ".venvs" / "pcluster" / "bin"
+VALIDATE = REPO / "scripts" / "pcluster_validate.py"
+TEMPLATE = include_dir() / "cluster" / "cluster-config.yaml.j2"
+SCHEMA = include_dir() / "cluster" / "cluster-config.schema.json"
+RUN_ID = "manual__2026-12-01T08:00:00.123456+00:00"
+SCRIPT_URI = "s3://ultracluster-artifacts/runs/trn1_bert_pretrain/x/on_node_configured.sh"
+# Ids shaped like EC2's (ParallelCluster takes 8 or 17 characters after the prefix).
+NETWORK = {"public_subnet_id": "subnet-0123456789abcdef0", "private_subnet_id": "subnet-0fedcba9876543210",
+           "security_group_id": "sg-0123456789abcdef0"}
+# Validators that fail on moto's gaps, not on the config (tests/localcluster/recorded/README.md).
+MOTO_GAPS = ["type:HeadNodeLaunchTemplateValidator", "type:ComputeResourceLaunchTemplateValidator",
+             "type:KeyPairValidator"]
+
+
+@pytest.fixture(scope="module")
+def pcluster_python() -> Path:
+    python = PCLUSTER_BIN / "python"
+    if not python.exists():
+        # CI builds it (scripts/setup_venvs.sh): there a missing venv is a failure, not a skip.
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"{python} missing: run `make setup`")
+    return python
+
+
+def real_schema(python: Path, texts: dict[str, str], tmp_path: Path) -> dict[str, dict]:
+    """scripts/pcluster_validate.py's verdict on each config, in one run (the package imports slowly)."""
+    paths = []
+    for name, text in texts.items():
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(text)
+    done = subprocess.run([str(python), str(VALIDATE), *map(str, paths), "--cluster-name", "uc-schema-check"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    results = json.loads(done.stdout)
+    results = results if isinstance(results, list) else [results]
+    for result in results:
+        assert result["pclusterVersion"] == "3.16.1"
+        assert result["awsCalls"] == []  # offline
+    return dict(zip(texts, results))
+
+
+def render(params: dict, network: dict | None = None, **overrides) -> str:
+    """The config render_config would upload for ``params`` (profile keys that are operator arguments)."""
+    accepted = inspect.signature(RenderClusterConfigOperator.__init__).parameters
+    kwargs = {key: value for key, value in params.items() if key in accepted}
+    kwargs.update(task_id="render_config", network=network or NETWORK, cluster_name=None,
+                  region_name=params["region"], pcluster_conn_id=None, **overrides)
+    operator = RenderClusterConfigOperator(**kwargs)
+    context = {"run_id": RUN_ID, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain")}
+    return render_cluster_config(str(TEMPLATE), operator.build_context(context, SCRIPT_URI))
+
+
+def production(**changes) -> dict:
+    return dict(load_profile("production"), **changes)
+
+
+CASES = {
+    "production": production(),
+    "local": load_profile("local"),
+    "multi_queue": production(extra_queues=[
+        {"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4},
+        {"name": "wide", "instance_type": "trn1n.32xlarge", "min_nodes": 1, "max_nodes": 8},
+    ]),
+    "static_32_trn1n": production(instance_type="trn1n.32xlarge", num_nodes=32, min_nodes=32, max_nodes=32),
+    **{f"image_os_{os_name}": production(image_os=os_name) for os_name in IMAGE_OS},
+}
+
+
+# Configs that must fail, each with the error the real schema gives: (overrides, network, path, message).
+INVALID = {
+    "ubuntu2004": ({"image_os": "ubuntu2004"}, None, "Image/Os", "Must be one of"),  # the blog's OS, refused since 3.14
+    "max_nodes_0": ({"max_nodes": 0}, None, "Scheduling/SlurmQueues/0/ComputeResources/0/MaxCount",
+                    "greater than or equal to 1"),
+    # EC2 ids have 8 or 17 characters after the prefix; the project's own schema only checks the prefix.
+    "short_subnet": ({}, dict(NETWORK, public_subnet_id="subnet-0pub"), "HeadNode/Networking/SubnetId",
+                     "does not match"),
+}
+
+
+def with_unknown_key() -> str:
+    config = yaml.safe_load(render(production()))
+    config["HeadNode"]["Bogus"] = 1
+    return yaml.safe_dump(config)
+
+
+@pytest.fixture(scope="module")
+def verdicts(pcluster_python, tmp_path_factory) -> dict[str, dict]:
+    """The real schema's verdict on every case above, valid and invalid, from one subprocess."""
+    texts = {f"valid_{name}": render(params) for name, params in CASES.items()}
+    texts.update({f"invalid_{name}": render(production(**overrides), network)
+                  for name, (overrides, network, _, _) in INVALID.items()})
+    texts["invalid_unknown_key"] = with_unknown_key()
+    return real_schema(pcluster_python, texts, tmp_path_factory.mktemp("configs"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rendered_config_passes_the_real_schema(verdicts, case):
+    validate_cluster_config(render(CASES[case]), str(SCHEMA))  # the project's own check agrees
+    result = verdicts[f"valid_{case}"]
+    assert result["valid"], result["errors"]
+    assert result["errors"] == []
+
+
+def test_the_32_node_static_config_is_what_was_asked():
+    config = yaml.safe_load(render(CASES["static_32_trn1n"]))
+    [queue] = config["Scheduling"]["SlurmQueues"]
+    [resource] = queue["ComputeResources"]
+    assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == ("trn1n.32xlarge", 32, 32)
+    assert resource["Efa"]["Enabled"] is True and queue["Networking"]["PlacementGroup"]["Enabled"] is True
+
+
+def test_multi_queue_config_keeps_its_queues():
+    config = yaml.safe_load(render(CASES["multi_queue"]))
+    assert [q["Name"] for q in config["Scheduling"]["SlurmQueues"]] == ["compute1", "small", "wide"]
+
+
+@pytest.mark.parametrize("case", list(INVALID))
+def test_the_real_schema_catches_invalid_values(verdicts, case):
+    _, _, path, message = INVALID[case]
+    result = verdicts[f"invalid_{case}"]
+    assert not result["valid"]
+    assert any(e["path"] == path and message in e["message"] for e in result["errors"]), result["errors"]
+    assert path.split("/")[0] in result["configSchemaValidator"]  # what the CLI would print
+
+
+def test_an_unknown_key_is_refused_by_the_real_schema(verdicts):
+    assert {"path": "HeadNode/Bogus", "message": "Unknown field."} in verdicts["invalid_unknown_key"]["errors"]
+
+
+# --- Image.Os: what the param offers, the project's schema and the local CLI accept ----------------
+
+@pytest.fixture(scope="module")
+def real_supported_oses(pcluster_python) -> list[str]:
+    done = subprocess.run([str(pcluster_python), str(VALIDATE), "--supported-oses"], capture_output=True,
+                          text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_image_os_param_offers_the_ubuntu_releases_pcluster_accepts(real_supported_oses):
+    accepted = real_supported_oses
+    # Every value offered is accepted; of what is accepted, the Ubuntu releases are offered (the node
+    # script installs Neuron with apt, so alinux/rhel/rocky are left out on purpose).
+    assert set(IMAGE_OS) <= set(accepted)
+    assert IMAGE_OS == [name for name in accepted if name.startswith("ubuntu")]
+    assert dag_params(load_profile("production"))["image_os"].schema["enum"] == IMAGE_OS
+
+
+def test_project_schema_and_profiles_use_the_params_os_list():
+    schema = json.loads(SCHEMA.read_text())
+    assert schema["properties"]["Image"]["properties"]["Os"]["enum"] == IMAGE_OS
+    for name in ("production", "local"):
+        assert load_profile(name)["image_os"] in IMAGE_OS
+    with pytest.raises(ConfigValidationError, match="Image/Os"):
+        validate_cluster_config(render(production(image_os="ubuntu2004")), str(SCHEMA))
+
+
+def test_local_cli_knows_the_real_os_list(real_supported_oses):
+    path = REPO / "localcluster" / "localcluster" / "config_schema.py"
+    spec = importlib.util.spec_from_file_location("_localcluster_config_schema", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert list(module.SUPPORTED_OS) == real_supported_oses
+
+
+# --- the real `pcluster create-cluster --dryrun true` against moto ---------------------------------
+
+@pytest.fixture(scope="module")
+def real_pcluster(pcluster_python) -> Path:
+    if not shutil.which("node"):
+        # pcluster's create-cluster refuses to start without Node.js (scripts/setup_apt.sh installs it).
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("node missing: run `make setup`")
+    return PCLUSTER_BIN / "pcluster"
+
+
+@pytest.fixture(scope="module")
+def moto_account(moto_server) -> dict:
+    """What a real dry run needs in moto: buckets, a key pair, a VPC with two subnets, a 'ParallelCluster AMI'."""
+    import boto3
+
+    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    ec2, s3 = (session.client(name, endpoint_url=moto_server) for name in ("ec2", "s3"))
+    for bucket in ("ultracluster-artifacts", "neuron-s3"):
+        s3.create_bucket(Bucket=bucket)  # moto answers 200 for a bucket the account already has
+    key_name = f"uc-real-{uuid.uuid4().hex[:8]}"
+    ec2.create_key_pair(KeyName=key_name)
+    vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
+    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+    zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+    public, private = (ec2.create_subnet(VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zone)["Subnet"]["SubnetId"]
+                       for cidr in ("10.42.0.0/24", "10.42.1.0/24"))
+    # pcluster looks its AMI up by name (and owner "amazon", overridden below through DevSettings).
+    [instance] = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1)["Instances"]
+    ec2.create_image(InstanceId=instance["InstanceId"],
+                     Name=f"aws-parallelcluster-3.16.1-ubuntu-2204-lts-hvm-x86_64-{uuid.uuid4().hex[:12]}")
+    ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+    bucket, key = SCRIPT_URI[len("s3://"):].split("/", 1)
+    s3.put_object(Bucket=bucket, Key=key, Body=b"#!/bin/bash\n")
+    account = session.client("sts", endpoint_url=moto_server).get_caller_identity()["Account"]
+    return {"endpoint": moto_server, "key_name": key_name, "account": account,
+            "network": {"public_subnet_id": public, "private_subnet_id": private, "security_group_id": None}}
+
+
+@pytest.fixture
+def real_hook(real_pcluster, moto_account, monkeypatch, tmp_path):
+    from ultracluster.hooks.parallelcluster import ParallelClusterHook
+
+    env = {"AWS_ENDPOINT_URL": moto_account["endpoint"], "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "HOME": str(tmp_path)}  # pcluster logs to ~/.parallelcluster
+    monkeypatch.setenv("AIRFLOW_CONN_UC_REAL_PCLUSTER", json.dumps(
+        {"conn_type": "pcluster", "extra": {"binary": str(real_pcluster), "region": "us-east-1", "env": env}}))
+    return ParallelClusterHook("uc_real_pcluster")
+
+
+def moto_config(moto_account: dict, mutate=None) -> str:
+    """The production config for moto's network, plus the DevSettings that find the AMI made above."""
+    config = yaml.safe_load(render(production(key_name=moto_account["key_name"], image_os="ubuntu2204",
+                                              custom_ami=None), moto_account["network"]))
+    config["DevSettings"] = {"AmiSearchFilters": {"Owner": moto_account["account"]}}
+    if mutate:
+        mutate(config)
+    return yaml.safe_dump(config)
+
+
+@pytest.mark.localcluster
+def test_real_dryrun_accepts_the_rendered_config(real_hook, moto_account, tmp_path):
+    from ultracluster.parsers.pcluster import DRYRUN_SUCCEEDED
+
+    path = tmp_path / "cluster-config.yaml"
+    path.write_text(moto_config(moto_account))
+    result = real_hook.create_cluster("uc-real-dryrun", str(path), suppress_validators=MOTO_GAPS, dryrun=True)
+    assert result["message"] == DRYRUN_SUCCEEDED
+    assert all(m["level"] in ("INFO", "WARNING") for m in result["validationMessages"])
+
+
+@pytest.mark.localcluster
+def test_real_dryrun_refusal_fails_render_configs_check(real_hook, moto_account):
+    """A subnet that is not in the account: render_config's check fails the task, no retry."""
+    import logging
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from ultracluster.operators._config_dryrun import dryrun_cluster_config
+
+    def foreign_subnet(config):
+        queue = config["Scheduling"]["SlurmQueues"][0]
+        queue["Networking"]["SubnetIds"] = ["subnet-0aaaaaaaaaaaaaaaa"]
+
+    text = moto_config(moto_account, foreign_subnet)
+    with pytest.raises(AirflowFailException, match="subnet-0aaaaaaaaaaaaaaaa"):
+        dryrun_cluster_config(real_hook, "uc-real-dryrun", text, suppress_validators=MOTO_GAPS,
+                              log=logging.getLogger("test"))
