@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -145,11 +146,11 @@ class AirflowApi:
         return {ti["task_id"]: ti["state"] for ti in tis}
 
 
-def start_airflow(env: dict[str, str], home: Path) -> tuple[AirflowApi, dict[str, str]]:
+def start_airflow(env: dict[str, str], home: Path, password: str | None = None) -> tuple[AirflowApi, dict[str, str]]:
     """scripts/airflow.sh start, as `make up` runs it, in its own AIRFLOW_HOME on a free port."""
     port = free_port()
     home.mkdir(parents=True, exist_ok=True)
-    password = f"e2e-{port}"
+    password = password or f"e2e-{port}"
     (home / "passwords.json").write_text(json.dumps({"admin": password}))
     # Its own PostgreSQL, stopped and removed with Airflow. Under /tmp and searchable: the postgres
     # user cannot reach pytest's tmp dirs.
@@ -173,13 +174,29 @@ def stop_airflow(env: dict[str, str]) -> None:
     shutil.rmtree(env["ULTRACLUSTER_PG_HOME"], ignore_errors=True)
 
 
+# Recognisable secrets of the shared deployment (moto takes any credentials): no log, XCom or rendered
+# field may ever hold them (test_pipeline.py's last test looks).
+SECRETS = {
+    "aws_secret_access_key": f"ucSecretAwsKey{secrets.token_hex(8)}",
+    "aws_session_token": f"ucSecretSessionToken{secrets.token_hex(8)}",
+    "api_password": f"uc-secret-api-{secrets.token_hex(6)}",
+}
+
+
+def _with_secret_aws_credentials(env: dict[str, str]) -> dict[str, str]:
+    aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+    aws["password"] = SECRETS["aws_secret_access_key"]
+    aws["extra"] = {**aws.get("extra", {}), "aws_session_token": SECRETS["aws_session_token"]}
+    return {**env, "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(aws)}
+
+
 @pytest.fixture(scope="session")
 def airflow_local(e2e_home: Path, moto_server: str, tmp_path_factory: pytest.TempPathFactory):
     """A real Airflow with the local profile, shared by the REST and browser tests; stopped afterwards."""
     # A node cap (docs/operations.md, Concurrency): a 2-node cluster and a 3-node one never overlap.
-    env = {**_deployment_env(e2e_home, moto_server), "ULTRACLUSTER_PROFILE": "local",
+    env = {**_with_secret_aws_credentials(_deployment_env(e2e_home, moto_server)), "ULTRACLUSTER_PROFILE": "local",
            "ULTRACLUSTER_MAX_LIVE_NODES": str(NODE_CAP)}
-    api, env = start_airflow(env, tmp_path_factory.mktemp("airflow-local"))
+    api, env = start_airflow(env, tmp_path_factory.mktemp("airflow-local"), password=SECRETS["api_password"])
     try:
         api.wait_for_dag(DAG_ID)
         yield api, env

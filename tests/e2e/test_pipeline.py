@@ -19,6 +19,7 @@ from tests.e2e.conftest import (
     REPO,
     RUN_TIMEOUT_S,
     RUNTIME_READY,
+    SECRETS,
     TASK_IDS,
     VENVS,
     _s3,
@@ -122,3 +123,46 @@ def test_the_next_run_restores_the_compile_cache(airflow_local, e2e_home):
     print(line)
     (REPO / "out" / "e2e").mkdir(parents=True, exist_ok=True)
     (REPO / "out" / "e2e" / "compile_cache.txt").write_text(line + "\n")  # kept for the docs (git-ignored)
+
+
+# Presigned URLs carry these; whoever holds one can read or write the object until it expires.
+PRESIGNED_MARKERS = ("X-Amz-Signature=", "X-Amz-Credential=", "Signature=", "AWSAccessKeyId=")
+
+
+def _secret_values(env: dict[str, str]) -> dict[str, str]:
+    """The deployment's secrets as they would appear in text: the SSH private key's body lines too."""
+    values = {name: value for name, value in SECRETS.items()}
+    key_file = json.loads(env["AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE"])["extra"]["key_file"]
+    body = [line for line in Path(key_file).read_text().splitlines() if line and "PRIVATE KEY" not in line]
+    values.update({f"ssh private key line {i}": line for i, line in enumerate(body[:3], 1)})
+    return values
+
+
+def test_no_secret_in_any_log_xcom_or_rendered_field(airflow_local):
+    """After the REST runs above (and the client's runs before them), every file under AIRFLOW_HOME
+    (task logs, component logs) and every run's XComs and rendered fields are free of the AWS
+    secret key and session token, the API password, the SSH private key and presigned URLs."""
+    if not FIRST_RUN:
+        pytest.fail("needs the REST runs above, which did not finish")
+    api, env = airflow_local
+    secrets_ = _secret_values(env)
+    texts: dict[str, str] = {}
+    home = Path(env["AIRFLOW_HOME"])
+    for path in home.rglob("*"):
+        if path.is_file() and path.name != "passwords.json":  # the password's own store
+            texts[str(path.relative_to(home))] = path.read_text(errors="replace")
+    runs = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
+    assert len(runs) >= 2, runs
+    for run in runs:
+        base = f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/taskInstances"
+        texts[f"{run['dag_run_id']} task instances"] = json.dumps(api.call("GET", base))  # rendered_fields too
+        entries = api.call("GET", f"{base}/~/xcomEntries?limit=500")["xcom_entries"]
+        for entry in entries:
+            value = api.call("GET", f"{base}/{entry['task_id']}/xcomEntries/{entry['key']}")
+            texts[f"{run['dag_run_id']} {entry['task_id']} xcom {entry['key']}"] = json.dumps(value)
+    assert any("task_id=train" in name or "train" in name for name in texts), sorted(texts)[:20]
+    leaks = [f"{name}: {what}" for name, text in texts.items()
+             for what, value in secrets_.items() if value in text]
+    leaks += [f"{name}: a presigned URL ({marker})" for name, text in texts.items()
+              for marker in PRESIGNED_MARKERS if marker in text]
+    assert not leaks, "\n".join(leaks[:40])
