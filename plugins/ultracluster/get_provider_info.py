@@ -43,6 +43,8 @@ def get_provider_info() -> dict:
             "ultracluster.links.ClusterConfigLink",
             "ultracluster.links.S3ResultsLink",
             "ultracluster.links.ParallelClusterStackLink",
+            "ultracluster.links.SlurmJobLink",
+            "ultracluster.links.SweepReportLink",
         ],
         "connection-types": [
             {

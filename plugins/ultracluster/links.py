@@ -1,7 +1,10 @@
-"""Operator extra links: the AWS console pages of what a task made (stack, cluster config, results).
+"""Operator extra links: the AWS console pages of what a task made (stack, cluster config, results), and
+the ultracluster plugin's pages (a Slurm job, a sweep's report; ui/plugin.py).
 
 Same pattern as the amazon provider's BaseAwsLink (values persisted to XCom under the link's key,
 formatted on display), without importing botocore: the DAG file imports this module at parse time.
+Airflow formats a link in the worker when a try ends or defers: a task persists the values before it
+defers, so the link shows while it waits (docs/contracts.md, "Extra links").
 """
 from __future__ import annotations
 
@@ -73,3 +76,45 @@ class ParallelClusterStackLink(CloudFormationStackLink):
     name = "ParallelCluster Stack"
     key = "ultracluster_pcluster_stack"
 
+
+PLUGIN_PREFIX = "/ultracluster"  # the ultracluster plugin's pages (ui/plugin.py)
+
+
+def airflow_base_url() -> str:
+    """Airflow's ``[api] base_url`` without its trailing slash; empty when unset (root-relative hrefs)."""
+    from airflow.sdk.configuration import conf
+
+    return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+
+
+class _PluginPageLink(_UltraClusterLink):
+    """A page of the ultracluster plugin, under Airflow's own address: every value is one path segment."""
+
+    fields: ClassVar[tuple[str, ...]]  # the values the path needs: without one, no link
+
+    def format_link(self, **values: Any) -> str:
+        if any(values.get(field) in (None, "") for field in self.fields):
+            return ""
+        return airflow_base_url() + self.format_str.format(**{k: quote(str(v), safe="") for k, v in values.items()})
+
+
+class SlurmJobLink(_PluginPageLink):
+    """The plugin's page of the task's Slurm job: its id, state and log path on the head node.
+
+    Values (docs/contracts.md, "Slurm job page"): ``dag_id``, ``run_id``, ``task_id``, ``job_id``,
+    ``job_name``, ``log_path``, ``output_dir``, ``cluster_name``; ``state`` once the job has ended."""
+
+    name = "Slurm Job"
+    key = "ultracluster_slurm_job"
+    fields = ("dag_id", "run_id", "task_id")
+    format_str = PLUGIN_PREFIX + "/jobs/{dag_id}/{run_id}/{task_id}"
+
+
+class SweepReportLink(_PluginPageLink):
+    """The plugin's page of the scaling report of the run's sweep. Values: ``dag_id`` (the pipeline's),
+    ``sweep_id``."""
+
+    name = "Sweep Report"
+    key = "ultracluster_sweep_report"
+    fields = ("dag_id", "sweep_id")
+    format_str = PLUGIN_PREFIX + "/reports/{dag_id}/{sweep_id}"

@@ -7,7 +7,12 @@ from ultracluster.links import (
     ClusterConfigLink,
     ParallelClusterStackLink,
     S3ResultsLink,
+    SlurmJobLink,
+    SweepReportLink,
 )
+
+LINKS = (CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink, SlurmJobLink,
+         SweepReportLink)
 
 
 def test_stack_link_escapes_the_arn():
@@ -40,13 +45,47 @@ def test_persist_pushes_under_the_links_key():
 
 
 def test_links_have_distinct_names_and_keys():
-    links = [CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink]
-    assert len({link.name for link in links}) == len({link.key for link in links}) == len(links)
+    assert len({link.name for link in LINKS}) == len({link.key for link in LINKS}) == len(LINKS)
+    assert len({link().xcom_key for link in LINKS}) == len(LINKS)  # Airflow's own key for the formatted URL
 
 
 def test_the_provider_registers_every_link():
     from ultracluster.get_provider_info import get_provider_info
 
-    assert set(get_provider_info()["extra-links"]) == {
-        f"{link.__module__}.{link.__qualname__}"
-        for link in (CloudFormationStackLink, ClusterConfigLink, S3ResultsLink, ParallelClusterStackLink)}
+    assert set(get_provider_info()["extra-links"]) == {f"{link.__module__}.{link.__qualname__}" for link in LINKS}
+
+
+RUN_ID = "manual__2026-12-01T06:59:43.056935+00:00"
+JOB = {"dag_id": "trn1_bert_pretrain", "run_id": RUN_ID, "task_id": "train", "job_id": "7",
+       "log_path": "/fsx/ultracluster/trn1_bert_pretrain/run/slurm-7.out", "cluster_name": "uc-x"}
+
+
+def test_the_slurm_job_link_is_the_plugins_page_under_airflows_base_url(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/team-a/")
+    assert SlurmJobLink().format_link(**JOB) == (
+        "https://airflow.example.com/team-a/ultracluster/jobs/trn1_bert_pretrain/"
+        "manual__2026-12-01T06%3A59%3A43.056935%2B00%3A00/train")
+
+
+def test_without_a_base_url_the_plugin_links_are_root_relative(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "")
+    assert SlurmJobLink().format_link(**JOB) == (
+        "/ultracluster/jobs/trn1_bert_pretrain/manual__2026-12-01T06%3A59%3A43.056935%2B00%3A00/train")
+    assert SweepReportLink().format_link(dag_id="trn1_bert_pretrain", sweep_id="s1") == (
+        "/ultracluster/reports/trn1_bert_pretrain/s1")
+
+
+def test_a_plugin_link_without_its_path_values_is_empty():
+    assert SlurmJobLink().format_link(**{**JOB, "run_id": None}) == ""
+    assert SweepReportLink().format_link(dag_id="trn1_bert_pretrain") == ""
+
+
+def test_the_plugin_links_are_routes_of_the_plugins_app():
+    from ultracluster.links import PLUGIN_PREFIX
+    from ultracluster.ui.app import create_app
+    from ultracluster.ui.plugin import URL_PREFIX
+
+    routes = {route.path for route in create_app().routes}
+    assert PLUGIN_PREFIX == URL_PREFIX
+    for link in (SlurmJobLink, SweepReportLink):
+        assert link.format_str.removeprefix(PLUGIN_PREFIX) in routes, link

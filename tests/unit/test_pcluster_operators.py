@@ -76,7 +76,14 @@ def test_create_submits_the_config_from_s3_and_defers(env):
     trigger = deferred.value.trigger
     assert isinstance(trigger, ClusterStatusTrigger)
     assert (trigger.waiter_name, trigger.owner_run_id, trigger.delete_on_kill) == ("ClusterCreateComplete", RUN_ID, True)
-    assert context["ti"].xcom["ultracluster_pcluster_stack"]["stack_name"].startswith("arn:aws:cloudformation:")
+    # The stack's link was pushed before the deferral: it shows while the cluster is created.
+    from ultracluster.links import ParallelClusterStackLink
+
+    values = context["ti"].xcom[ParallelClusterStackLink.key]
+    assert values["stack_name"].startswith("arn:aws:cloudformation:") and values["region_name"] == REGION
+    assert ParallelClusterStackLink().format_link(**values).startswith(
+        "https://console.aws.amazon.com/cloudformation/home?region=us-east-1#/stacks/stackinfo?"
+        "stackId=arn%3Aaws%3Acloudformation%3Aus-east-1%3A")
 
 
 def test_the_cli_got_the_yaml_render_config_uploaded(env, tmp_path, monkeypatch):

@@ -29,10 +29,15 @@ def test_every_registered_module_and_class_imports():
         assert hasattr(importlib.import_module(module), name), dotted
 
 
-def test_the_entry_point_is_installed_and_no_plugin_is_needed():
+def test_the_entry_points_are_installed():
     [entry] = [e for e in entry_points(group="apache_airflow_provider") if e.value.startswith("ultracluster.")]
     assert entry.load() is get_provider_info
-    assert [e for e in entry_points(group="airflow.plugins") if e.value.startswith("ultracluster.")] == []
+    # The plugin (ui/plugin.py): the run note's listener and the pages; the links need no plugin.
+    from ultracluster.listeners import run_note_listener
+    from ultracluster.ui.plugin import UltraClusterPlugin
+
+    [plugin] = [e for e in entry_points(group="airflow.plugins") if e.value.startswith("ultracluster.")]
+    assert plugin.load() is UltraClusterPlugin and UltraClusterPlugin.listeners == [run_note_listener]
 
 
 def test_airflow_sees_the_pcluster_connection_type_and_the_links():

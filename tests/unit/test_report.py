@@ -248,6 +248,16 @@ def s3(aws_conn):
     return aws_conn
 
 
+class RecordingTaskInstance:
+    """Just enough of a TaskInstance for the task's extra link (xcom_push)."""
+
+    def __init__(self):
+        self.xcom = {}
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
 def task(s3, runs, *, params=None, events=None, **kwargs):
     """Index ``runs`` in S3, then run build_report with their states and XComs injected."""
     from airflow.sdk import Asset
@@ -263,7 +273,7 @@ def task(s3, runs, *, params=None, events=None, **kwargs):
                                xcom_lookup=lambda ti, dag_id, run_id: xcoms[run_id], **kwargs)
     context = {"params": {"sweep_id": "s1", "partial": False, "source_dag_id": "trn1_bert_pretrain",
                           "artifacts_s3_uri": ARTIFACTS, **(params or {})},
-               "ti": SimpleNamespace(), "triggering_asset_events": events or {}, "outlet_events": OutletEvents()}
+               "ti": RecordingTaskInstance(), "triggering_asset_events": events or {}, "outlet_events": OutletEvents()}
     return op, context, asset
 
 
@@ -281,6 +291,9 @@ def test_build_report_writes_the_files_and_emits_the_event(s3):
     stored = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{REPORTS}/report.json")["Body"].read())
     assert stored["rows"][1]["efficiency"] == pytest.approx(100 / 110) and len(stored["references"]) == 2
     json.dumps(result)  # a valid XCom
+    # The "Sweep Report" link: the plugin's page of this sweep.
+    from ultracluster.links import SweepReportLink
+    assert context["ti"].xcom[SweepReportLink.key] == {"dag_id": "trn1_bert_pretrain", "sweep_id": "s1"}
 
 
 def test_build_report_skips_while_a_point_is_pending_unless_partial(s3):
@@ -299,6 +312,8 @@ def test_build_report_waits_for_teardowns(s3):
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
     assert deferred.value.method_name == "execute" and "waiting_since" in deferred.value.kwargs
+    # Linked before the wait (Airflow formats links when the try defers).
+    assert context["ti"].xcom["ultracluster_sweep_report"] == {"dag_id": "trn1_bert_pretrain", "sweep_id": "s1"}
     op, context, _ = task(s3, runs, teardown_wait=0)
     with pytest.raises(AirflowSkipException, match=r"2 nodes running \(tearing down\)"):
         op.execute(context)

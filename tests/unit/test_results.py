@@ -157,13 +157,41 @@ def test_collect_uploads_and_reports(tmp_path, artifacts, head, capsys):
     assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/{prefix}"
     assert events[asset].extra["final_loss"] == 9.1
     # The "Results (S3)" extra link points at the prefix this task filled.
-    from ultracluster.links import S3ResultsLink
+    from ultracluster.links import S3ResultsLink, SweepReportLink
     link = S3ResultsLink().format_link(**pushed[S3ResultsLink.key])
-    assert "ultracluster-artifacts" in link and "prefix=results/trn1_bert_pretrain/" in link
+    assert link == ("https://s3.console.aws.amazon.com/s3/buckets/ultracluster-artifacts?region=us-east-1"
+                    f"&prefix={prefix}")
+    assert SweepReportLink.key not in pushed  # not a sweep run: no report to link to
     out = capsys.readouterr().out
     assert "Final loss" in out and "Signature=" not in out
     assert all("Signature=" not in c.shell for c in head.commands)
     json.dumps(metrics)
+
+
+def test_a_sweep_run_links_its_report_and_a_failed_upload_still_links_the_folder(tmp_path, artifacts, head,
+                                                                               monkeypatch):
+    from ultracluster.links import S3ResultsLink, SweepReportLink
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://127.0.0.1:8080")
+    train = job_outputs(tmp_path)
+    sweep = {"id": "s1", "index": 1, "count": 3, "points": [1, 2, 4], "num_nodes": 2, "scaling_mode": "weak",
+             "chosen_by": "point"}
+    results = json.loads(json.dumps(RESULTS))
+    results["results"]["parameters"]["Sweep"] = sweep
+    (tmp_path / "fsx" / "jobs" / "train" / "output_7" / "results.json").write_text(json.dumps(results))
+    op = CollectResultsOperator(task_id="collect_results", head_node=HEAD, train=train,
+                                artifacts_s3_uri="s3://ultracluster-artifacts", aws_conn_id="uc_test_aws")
+    pushed = {}
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00",
+                         task_id="collect_results", xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    monkeypatch.setattr(CollectResultsOperator, "_upload", lambda *a, **k: (_ for _ in ()).throw(
+        AirflowException("upload failed")))
+    with pytest.raises(AirflowException, match="upload failed"):
+        op.execute({"ti": ti, "outlet_events": OutletEvents()})
+    assert pushed[SweepReportLink.key] == {"dag_id": "trn1_bert_pretrain", "sweep_id": "s1"}
+    assert SweepReportLink().format_link(**pushed[SweepReportLink.key]) == (
+        "http://127.0.0.1:8080/ultracluster/reports/trn1_bert_pretrain/s1")
+    assert pushed[S3ResultsLink.key]["prefix"].startswith("results/trn1_bert_pretrain/manual-2026-11-30t08")
 
 
 def test_retry_stops_the_earlier_tries_upload_first(tmp_path, artifacts, head):

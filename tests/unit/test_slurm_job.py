@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
+from ultracluster.links import SlurmJobLink
 from ultracluster.operators.slurm import STATE_KEY_JOB_ID, SlurmJobOperator
 from ultracluster.triggers import slurm as slurm_trigger_module
 from ultracluster.triggers.slurm import SlurmJobTrigger
@@ -107,7 +108,9 @@ class DictStore:
 
 
 def context(store=None):
-    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00", task_id="train", map_index=-1)
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__2026-11-30T08:00:00+00:00", task_id="train",
+                         map_index=-1, xcom={})
+    ti.xcom_push = lambda key, value: ti.xcom.__setitem__(key, value)  # the extra link's values
     return {"ti": ti, "task_state_store": store if store is not None else DictStore()}
 
 
@@ -157,8 +160,9 @@ def test_fresh_submit_copies_files_stores_id_and_defers(training_dir):
     replay = ReplayHeadNode(squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[recorded("sbatch_mix")])
     store = DictStore()
     op = operator(replay, training_dir)
+    ctx = context(store)
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context(store))
+        op.execute(ctx)
     assert replay.programs() == ["squeue", "mkdir", "sbatch"]
     sbatch = replay.calls[-1]
     expected_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
@@ -173,6 +177,13 @@ def test_fresh_submit_copies_files_stores_id_and_defers(training_dir):
     trigger = deferred.value.trigger
     assert trigger.job_id == "1" and trigger.log_path == "/fsx/jobs/run1/train/slurm-1.out"
     assert deferred.value.method_name == "execute_complete"
+    # The Slurm Job link's values were pushed before the deferral: the link shows while the job runs.
+    assert ctx["ti"].xcom[SlurmJobLink.key] == {
+        "dag_id": "trn1_bert_pretrain", "run_id": RUN_ID, "task_id": "train", "job_id": "1", "job_name": expected_name,
+        "log_path": "/fsx/jobs/run1/train/slurm-1.out", "output_dir": "/fsx/jobs/run1/train/output_1",
+        "cluster_name": "c1"}
+    assert SlurmJobLink().format_link(**ctx["ti"].xcom[SlurmJobLink.key]) == (
+        "/ultracluster/jobs/trn1_bert_pretrain/manual__2026-11-30T08%3A00%3A00%2B00%3A00/train")
 
 
 def test_extra_job_env_adds_knobs_but_never_overrides_the_contract(training_dir):
@@ -218,10 +229,14 @@ def test_reattaches_by_name_without_submitting(training_dir):
     name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     replay = ReplayHeadNode(squeue=[CommandResult(0, squeue_line("40", name, "FAILED").stdout + squeue_line("41", name, "RUNNING").stdout, "")])
     store = DictStore()
+    ctx = context(store)
     with pytest.raises(TaskDeferred) as deferred:
-        operator(replay, training_dir).execute(context(store))
+        operator(replay, training_dir).execute(ctx)
     assert "sbatch" not in replay.programs() and not replay.files
     assert deferred.value.trigger.job_id == "41" and store.values[STATE_KEY_JOB_ID] == "41"
+    # Reattached: the link names the job it follows, pushed before the deferral.
+    assert ctx["ti"].xcom[SlurmJobLink.key]["job_id"] == "41"
+    assert ctx["ti"].xcom[SlurmJobLink.key]["log_path"] == "/fsx/jobs/run1/train/slurm-41.out"
 
 
 def test_log_offset_is_carried_only_for_the_same_job(training_dir):
@@ -377,17 +392,22 @@ def test_a_host_key_mismatch_seen_by_the_trigger_fails_at_once(training_dir):
 
     replay = ReplayHeadNode()
     op = operator(replay, training_dir)
+    ctx = context()
     with pytest.raises(AirflowFailException, match="not the key pinned"):
-        op.execute_complete(context(), {"status": "host_key_mismatch", "job_id": "9",
-                                        "message": "head node 127.0.0.1 presented a host key that is not the key pinned"})
+        op.execute_complete(ctx, {"status": "host_key_mismatch", "job_id": "9",
+                                  "message": "head node 127.0.0.1 presented a host key that is not the key pinned"})
+    assert ctx["ti"].xcom[SlurmJobLink.key]["state"] == "host_key_mismatch"  # no Slurm state: the trigger's
     assert replay.calls == []  # nothing more is asked of a head node that may not be ours
 
 
 @pytest.mark.parametrize("state", ["TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"])
 def test_every_failure_state_fails_the_task(training_dir, state):
     op = operator(ReplayHeadNode(tail=[OK]), training_dir)
+    ctx = context()
     with pytest.raises(AirflowException, match=state):
-        op.execute_complete(context(), {"status": "failed", "job_id": "8", "state": state, "exit_code": 0, "signal": 15})
+        op.execute_complete(ctx, {"status": "failed", "job_id": "8", "state": state, "exit_code": 0, "signal": 15})
+    # The job page shows how it ended, though the task has no return value.
+    assert (ctx["ti"].xcom[SlurmJobLink.key]["job_id"], ctx["ti"].xcom[SlurmJobLink.key]["state"]) == ("8", state)
 
 
 def test_success_result_shape(training_dir):
@@ -402,6 +422,8 @@ def test_success_result_shape(training_dir):
         "job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": "/fsx/jobs/run1/train/output_7",
         "log_path": "/fsx/jobs/run1/train/slurm-7.out", "results_path": "/fsx/jobs/run1/train/output_7/results.json",
     }
+    assert {k: ctx["ti"].xcom[SlurmJobLink.key][k] for k in ("job_id", "state", "log_path", "output_dir")} == {
+        k: result[k] for k in ("job_id", "state", "log_path", "output_dir")}
 
 
 def test_on_kill_cancels_the_job(training_dir):

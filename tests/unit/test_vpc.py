@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.fixtures_localcluster import install_moto_stack_deletes
+from ultracluster.links import CloudFormationStackLink
 from ultracluster.operators.vpc import RUN_ID_TAG, CreateVpcStackOperator, DeleteVpcStackOperator
 
 REGION = "us-east-1"
@@ -215,13 +216,28 @@ def test_stack_still_creating_defers_to_the_trigger(aws, tmp_path):
     stuck = [s for s in live_stacks(aws.cfn) if s["StackName"] == "uc-vpc-test"]
     assert [s["StackStatus"] for s in stuck] == ["CREATE_IN_PROGRESS"]
 
+    context = make_context()
     with pytest.raises(TaskDeferred) as deferred:
-        create_op(template_path=str(broken)).execute(make_context())
+        create_op(template_path=str(broken)).execute(context)
     trigger = deferred.value.trigger
     assert isinstance(trigger, CloudFormationStackTrigger)
     assert (trigger.stack_name, trigger.waiter_name) == ("uc-vpc-test", "stack_create_complete")
     assert (trigger.owner_run_id, trigger.delete_on_kill) == (RUN_ID, True)
     assert deferred.value.method_name == "execute_complete"
+    # The stack's link was pushed before the deferral: it shows while the task waits.
+    values = context["ti"].xcom[CloudFormationStackLink.key]
+    assert CloudFormationStackLink().format_link(**values) == (
+        "https://console.aws.amazon.com/cloudformation/home?region=us-east-1#/stacks/stackinfo?stackId=uc-vpc-test")
+
+
+def test_a_stack_being_deleted_by_an_earlier_try_is_linked_before_the_wait(aws):
+    create_op().execute(make_context())
+    set_moto_stack_status("uc-vpc-test", "DELETE_IN_PROGRESS")
+    context = make_context()
+    with pytest.raises(TaskDeferred) as deferred:
+        create_op().execute(context)
+    assert deferred.value.trigger.waiter_name == "stack_delete_complete"
+    assert context["ti"].xcom[CloudFormationStackLink.key] == {"region_name": REGION, "stack_name": "uc-vpc-test"}
 
 
 def test_failed_create_event_cleans_up_and_fails(aws):

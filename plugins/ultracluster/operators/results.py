@@ -21,7 +21,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
-from ultracluster.links import S3ResultsLink
+from ultracluster.links import S3ResultsLink, SweepReportLink
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
 from ultracluster.parsers.files import parse_file_listing
 
@@ -179,7 +179,7 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
 
     template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode")
     ui_color = "#e8daef"
-    operator_extra_links = (S3ResultsLink(),)
+    operator_extra_links = (S3ResultsLink(), SweepReportLink())
 
     def __init__(
         self,
@@ -240,6 +240,12 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         except ValueError as err:
             raise AirflowException(f"Cannot read metrics from {results_path}: {err}") from err
         metrics["job_id"] = self.train.get("job_id")
+        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        # The folder is linked before the upload: a failed one leaves what it put there to look at.
+        S3ResultsLink.persist(context=context, region_name=s3.conn_region_name, bucket=bucket, prefix=prefix)
+        sweep = metrics.get("sweep")
+        if isinstance(sweep, Mapping) and sweep.get("id"):
+            SweepReportLink.persist(context=context, dag_id=context["ti"].dag_id, sweep_id=sweep["id"])
 
         files = parse_file_listing(head_node.check(remote_commands.list_files(output_dir)).stdout)
         uploads = [(posixpath.join(output_dir, rel), rel) for rel in select_artifacts(files)]
@@ -247,12 +253,10 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
             uploads.append((results_path, posixpath.basename(results_path)))
         if self.train.get("log_path"):
             uploads.append((self.train["log_path"], posixpath.basename(self.train["log_path"])))
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
         pid_file = posixpath.join(output_dir, ".ultracluster-upload.pid")
         head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
         self._upload(head_node, s3, bucket, prefix, uploads, pid_file)
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
-        S3ResultsLink.persist(context=context, region_name=s3.conn_region_name, bucket=bucket, prefix=prefix)
 
         self.log.info("Training results (job %s):\n%s", metrics["job_id"], summary_table(metrics))
         for asset in self.outlets or []:

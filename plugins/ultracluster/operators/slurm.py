@@ -23,6 +23,7 @@ from ultracluster import remote_commands
 from ultracluster.clock import iso as _iso
 from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.links import SlurmJobLink
 from ultracluster.operators._slurm_reattach import STATE_KEY_JOB_ID, SlurmReattachMixin
 from ultracluster.operators.config import node_count
 
@@ -92,6 +93,7 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         "budget",
     )
     ui_color = "#d4e6f1"
+    operator_extra_links = (SlurmJobLink(),)
 
     def __init__(
         self,
@@ -234,6 +236,7 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         job_name = self._slurm_job_name(context)
         job_id = self.find_existing_job(context, job_name) or self.submit(context, job_name)
         self._job_id = job_id
+        self._persist_job_link(context, job_id, job_name)  # before the deferral: the link shows while it waits
         store = context.get("task_state_store")
         if store is not None:
             store.set(STATE_KEY_JOB_ID, job_id)
@@ -282,9 +285,20 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
             return event.payload
         raise AirflowException("Slurm job trigger ended without an event")
 
+    def _persist_job_link(self, context: Context, job_id: str, job_name: str, **end: Any) -> None:
+        """The Slurm Job link's values (docs/contracts.md, "Slurm job page")."""
+        ti = context["ti"]
+        head_node = self.head_node if isinstance(self.head_node, Mapping) else {}
+        SlurmJobLink.persist(context, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, job_id=job_id,
+                             job_name=job_name, log_path=self._log_path(job_id),
+                             output_dir=posixpath.join(self._output_root(), f"output_{job_id}"),
+                             cluster_name=head_node.get("cluster_name"), **end)
+
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         job_id = str(event.get("job_id"))
         self._job_id = job_id
+        self._persist_job_link(context, job_id, self._slurm_job_name(context),
+                               state=event.get("state") or event.get("status"))
         store = context.get("task_state_store")
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})

@@ -98,6 +98,10 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
     def delete_again(self, context: Context, event: Any, stack_name: str, attempt: int, **outcome: Any) -> Any:
         return self._delete(context, stack_name, attempt, **outcome)
 
+    def _persist_stack_link(self, context: Context, stack_name: str | None = None) -> None:
+        CloudFormationStackLink.persist(context=context, region_name=self.hook.region_name,
+                                        stack_name=stack_name or self.stack_name)
+
     def _stack_deleted(self, context: Context, stack_name: str, **outcome: Any) -> Any:
         raise NotImplementedError
 
@@ -147,6 +151,7 @@ class CreateVpcStackOperator(_NetworkStackOperator):
                 raise RuntimeError(f"Stack {self.stack_name} exists but belongs to run {owner!r}, "
                                    f"not {context['run_id']!r}; refusing to adopt it")
             self.log.info("Stack %s of this run exists (%s): reattaching", self.stack_name, status)
+            self._persist_stack_link(context)  # before any wait below: the link shows while it waits
         if status in STACK_CREATE_FAILED:
             return self._clean_up_and_fail(context, f"it failed earlier ({status})")
         if status in (DELETE_IN_PROGRESS, DELETE_FAILED):
@@ -154,8 +159,8 @@ class CreateVpcStackOperator(_NetworkStackOperator):
             return self._delete(context, self.stack_name, failure=None)
         if status is None:
             self._create(context)
+            self._persist_stack_link(context)
             status = self.hook.get_stack_status(self.stack_name)
-        CloudFormationStackLink.persist(context=context, region_name=self.hook.region_name, stack_name=self.stack_name)
         if status in STACK_IN_PROGRESS:
             self.defer(trigger=self._stack_trigger(self.stack_name, "stack_create_complete",
                                                    owner_run_id=context["run_id"], delete_on_kill=True),
@@ -302,6 +307,7 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
         if vpc and not vpc.get("owned", True):
             self.log.info("Network %s was not created by this run: left alone", vpc.get("vpc_id"))
             return {"deleted": False, "stack_name": None, "reason": "not owned"}
+        self._persist_stack_link(context, vpc.get("stack_name"))
         return self._delete(context, vpc.get("stack_name") or self.stack_name)
 
     def _stack_deleted(self, context: Context, stack_name: str) -> dict:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from ultracluster.links import SweepReportLink
 from ultracluster.report.records import XCOM_TASKS, parse_time, run_record
 from ultracluster.sweep import sweep_location
 
@@ -117,6 +118,7 @@ class ScalingReportOperator(BaseOperator):
     """
 
     ui_color = "#d5f5e3"
+    operator_extra_links = (SweepReportLink(),)
 
     def __init__(self, *, aws_conn_id: str | None = "aws_default", poll_interval: float = 60,
                  teardown_wait: float = 3600, state_lookup: StateLookup | None = None,
@@ -152,6 +154,8 @@ class ScalingReportOperator(BaseOperator):
                 reports.append((root, report))
         started = parse_time(waiting_since) or datetime.now(timezone.utc)
         if tearing_down and datetime.now(timezone.utc) - started < timedelta(seconds=self.teardown_wait):
+            # Linked before the wait: the sweep's page shows its last report, and this one when written.
+            SweepReportLink.persist(context, dag_id=source, sweep_id=tearing_down[-1])
             self._wait(tearing_down, started)
         for sweep_id, why in skipped.items():
             self.log.warning("Sweep %s: no report: %s", sweep_id, why)
@@ -214,6 +218,7 @@ class ScalingReportOperator(BaseOperator):
             published.append({"sweep_id": report["sweep_id"], "uri": uri, "markdown": markdown,
                               "rows": report["rows"]})
         last = published[-1]
+        SweepReportLink.persist(context, dag_id=source, sweep_id=last["sweep_id"])
         for asset in self.outlets or []:
             context["outlet_events"][asset].extra = {"sweep_id": last["sweep_id"], "uri": last["uri"]}
         return {**last, "markdown": "\n".join(p["markdown"] for p in published),
