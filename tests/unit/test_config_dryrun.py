@@ -16,6 +16,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowFailException
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
+from tests.unit.test_config import RecordingTaskInstance, s3  # noqa: F401 - s3 is a fixture
 from ultracluster.operators.config import RenderClusterConfigOperator, cluster_name_for, safe_run_id
 from ultracluster.parsers.pcluster import PclusterError
 from ultracluster.profiles import load_profile
@@ -29,33 +30,8 @@ CONFIG_KEY = f"runs/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/cluster-config.yaml
 SCRIPT_KEY = f"runs/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/on_node_configured.sh"
 
 
-class RecordingTaskInstance:
-    def __init__(self):
-        self.xcom = {}
-
-    def xcom_push(self, key, value):
-        self.xcom[key] = value
-
-
 def make_context() -> dict:
     return {"run_id": RUN_ID, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"), "ti": RecordingTaskInstance()}
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    from moto import mock_aws
-
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": {"region_name": REGION}}))
-    with mock_aws():
-        import boto3
-
-        client = boto3.client("s3", region_name=REGION)
-        client.create_bucket(Bucket="ultracluster-artifacts")
-        yield client
 
 
 @pytest.fixture

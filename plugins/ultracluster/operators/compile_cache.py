@@ -78,8 +78,7 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
             return {"enabled": False}
         if not posixpath.isabs(self.cache_dir or ""):
             raise ValueError(f"cache_dir must be an absolute path on shared storage, got {self.cache_dir!r}")
-        facts = dict(self.cache_facts)
-        facts = cache_facts(**{"compiler": compiler_version(), **facts})
+        facts = cache_facts(**{"compiler": compiler_version(), **self.cache_facts})
         key = cache_key(facts)
         bucket, object_key = cache_object(self.compile_cache_s3_uri, key)
         result = {"enabled": True, "key": key, "s3_uri": f"s3://{bucket}/{object_key}"}
