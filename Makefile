@@ -6,8 +6,11 @@ export LOCAL_ULTRACLUSTER_HOME ?= /var/lib/local-ultracluster
 export AWS_ENDPOINT_URL ?= http://127.0.0.1:5055
 VENVS := $(CURDIR)/.venvs
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the end-to-end group (mostly waiting on Slurm and Airflow) runs beside
+# the rest. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 
-.PHONY: help setup up down demo test lock clean
+.PHONY: help setup up down demo test bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -27,7 +30,10 @@ demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a 
 	@bash scripts/demo.sh
 
 test: setup  ## run the whole test suite (starts and stops its own daemons)
-	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest $(PYTEST_ARGS)
+	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+bench: setup  ## the benchmarks in bench/ (ratios against baselines measured in the same run) -> bench/results/
+	@bash bench/run.sh
 
 lock:  ## re-resolve the pins into the lock files
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock

@@ -1,24 +1,29 @@
-"""Parse cost of dags/trn1_bert_pretrain.py as a ratio against a bare DAG, measured in the same run.
+"""Benchmark 1, DAG parse cost: dags/trn1_bert_pretrain.py against a bare 10-task DAG, both in fresh
+interpreters, interleaved in the same run.
 
 Each sample is a fresh interpreter that imports airflow.sdk (paid by both) and pre-imports the
 file's ``airflow.*`` imports as the DAG processor's parent does (parsing_pre_import_modules), then
-times only the import of the DAG file: the cost every parse pays. Run: .venvs/airflow/bin/python bench/dag_parse.py [--samples N]
+times only the import of the DAG file: the cost every parse pays.
+Run: .venvs/airflow/bin/python bench/dag_parse.py [--samples N]
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _record import REPO, Report, summary  # noqa: E402
+
 BARE_DAG = '''
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
 with DAG("bare", schedule=None):
-    EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
+    tasks = [EmptyOperator(task_id=f"t{i}") for i in range(10)]
+    for a, b in zip(tasks, tasks[1:]):
+        a >> b
 '''
 PROBE = '''
 import importlib, importlib.util, sys, time
@@ -31,16 +36,18 @@ spec = importlib.util.spec_from_file_location("dag_under_test", sys.argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 print(time.perf_counter() - t)
 '''
+TARGET_EXTRA_MS = 25.0
 
 
 def sample(path: pathlib.Path) -> float:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(path)], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(path)], check=True, capture_output=True, text=True,
+                         cwd=REPO)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=11)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         bare = pathlib.Path(tmp, "bare_dag.py")
@@ -48,12 +55,15 @@ def main() -> None:
         dag = REPO / "dags" / "trn1_bert_pretrain.py"
         bare_s, dag_s = [], []
         for _ in range(args.samples):  # interleaved, so drift hits both alike
-            bare_s.append(sample(bare))
-            dag_s.append(sample(dag))
-    b, d = statistics.median(bare_s), statistics.median(dag_s)
-    print(f"bare DAG parse      median {b * 1000:8.1f} ms  (n={args.samples})")
-    print(f"trn1_bert_pretrain  median {d * 1000:8.1f} ms  (n={args.samples})")
-    print(f"ratio               {d / b:8.2f} x bare")
+            bare_s.append(sample(bare) * 1000)
+            dag_s.append(sample(dag) * 1000)
+    report = Report("dag_parse", "1. DAG parse cost (fresh interpreters, interleaved)")
+    report.figure("bare 10-task DAG", summary(bare_s), "ms")
+    report.figure("trn1_bert_pretrain", summary(dag_s), "ms")
+    extra = [d - b for d, b in zip(dag_s, bare_s)]
+    report.figure("extra over bare", summary(extra), "ms", f"<= {TARGET_EXTRA_MS:g} ms")
+    report.figure("ratio", summary([d / b for d, b in zip(dag_s, bare_s)]), "x bare")
+    report.save()
 
 
 if __name__ == "__main__":

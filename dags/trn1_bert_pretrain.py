@@ -20,6 +20,8 @@ from datetime import timedelta
 import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401 - pre-imported by the DAG processor
 from airflow.sdk import DAG, Asset
 
+from ultracluster.notifications import run_failed
+from ultracluster.operators.checkpoint import RestoreCheckpointOperator
 from ultracluster.operators.compile_cache import CompileCacheOperator
 from ultracluster.operators.config import (
     TRAINING_QUEUE,
@@ -29,6 +31,7 @@ from ultracluster.operators.config import (
     vpc_stack_name_for,
 )
 from ultracluster.operators.dataset import DownloadDatasetOperator
+from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
 from ultracluster.operators.pcluster import CreateClusterOperator
 from ultracluster.operators.pcluster_delete import DeleteClusterOperator
 from ultracluster.operators.preflight import PreflightOperator
@@ -37,6 +40,7 @@ from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
 from ultracluster.profiles import include_dir, load_profile
+from ultracluster.s3_encryption import profile_sse
 from ultracluster.sensors.fleet import ComputeFleetSensor
 from ultracluster.sweep import plan_of
 
@@ -48,6 +52,8 @@ PCLUSTER_CONN_ID = "pcluster_default"
 SSH_CONN_ID = "ultracluster_head_node"
 
 PARAMS = dag_params(PROFILE)
+# Server-side encryption of every object the pipeline writes to S3 (docs/operations.md, "Encryption").
+S3_ENCRYPTION = profile_sse(PROFILE)
 # The deployment's cap on Trn1 nodes alive at once, across every run (null: none). pcluster_create
 # checks it in a one-slot pool, so that two runs never check and create at the same time.
 MAX_LIVE_NODES = int(PROFILE["max_live_nodes"]) if PROFILE.get("max_live_nodes") not in (None, "") else None
@@ -100,6 +106,8 @@ with DAG(
         "plan": plan_of,  # the params with the run's sweep point applied (preflight's XCom)
     },
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    # Mail/Slack through the ultracluster_* connections, if any (docs/operations.md, "Notifications").
+    on_failure_callback=run_failed,
     tags=["ultracluster", "trn1", "bert"],
     doc_md=__doc__,
 ) as dag:
@@ -109,6 +117,7 @@ with DAG(
         artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
         max_cost_usd="{{ params.max_cost_usd }}",
         aws_conn_id=AWS_CONN_ID,
+        s3_encryption=S3_ENCRYPTION,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -122,6 +131,7 @@ with DAG(
             "security_group_id": "{{ params.existing_security_group_id }}",
         },
         tags="{{ params.extra_tags }}",
+        resource_ttl_hours="{{ params.resource_ttl_hours }}",
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",
         waiter_delay=PROFILE["cluster_poll_interval_s"],
@@ -147,7 +157,9 @@ with DAG(
         dataset_s3_uri="{{ params.dataset_s3_uri }}",
         compile_cache_s3_uri="{{ params.compile_cache_s3_uri }}",
         extra_tags="{{ params.extra_tags }}",
+        resource_ttl_hours="{{ params.resource_ttl_hours }}",
         aws_conn_id=AWS_CONN_ID,
+        s3_encryption=S3_ENCRYPTION,
         # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
         pcluster_conn_id=PCLUSTER_CONN_ID,
     )
@@ -199,9 +211,21 @@ with DAG(
         },
         aws_conn_id=AWS_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,
+        s3_encryption=S3_ENCRYPTION,
     )
     restore_compile_cache = CompileCacheOperator(task_id="restore_compile_cache", action="restore", **compile_cache)
     save_compile_cache = CompileCacheOperator(task_id="save_compile_cache", action="save", **compile_cache)
+
+    # resume_from's checkpoint onto shared storage for train (null: nothing to do). Hidden directory:
+    # save_failure_artifacts does not copy back what is already in S3.
+    restore_checkpoint = RestoreCheckpointOperator(
+        task_id="restore_checkpoint",
+        head_node=wait_for_fleet.output,
+        resume_from="{{ params.resume_from }}",
+        destination_dir=JOB_DIR + "/.resume",
+        aws_conn_id=AWS_CONN_ID,
+        ssh_conn_id=SSH_CONN_ID,
+    )
 
     # Compile and train are the same Slurm job, run under neuron_parallel_compile or not.
     same_slurm_job = dict(
@@ -216,6 +240,9 @@ with DAG(
         progress_log_interval_s=PROFILE["progress_log_interval_s"],
         progress_log_every_steps=PROFILE["progress_log_every_steps"],
         partition=TRAINING_QUEUE,
+        # Where an auto-resume's fleet wait looks for the cluster (train's; parallel_compile has none).
+        pcluster_conn_id=PCLUSTER_CONN_ID,
+        region_name="{{ params.region }}",
     )
     parallel_compile = SlurmJobOperator(
         task_id="parallel_compile",
@@ -235,10 +262,14 @@ with DAG(
             "since": "{{ ti.xcom_pull(task_ids='pcluster_create')['created_at'] }}",
         },
         job_name="{{ dag.dag_id }}-train",
+        # After a node fault: wait for the fleet, resubmit from the newest checkpoint (docs/operations.md).
+        auto_resume_attempts="{{ params.auto_resume_attempts }}",
         **{**same_slurm_job, "job_env": {
             **JOB_ENV,
             # How parallel_compile ran (launcher or compile-only): into results.json.
             "COMPILE_LAUNCH": "{{ ti.xcom_pull(task_ids='parallel_compile').get('launch') }}",
+            # The checkpoint train resumes from (resume_from); empty: none.
+            "RESUME_CKPT": "{{ ti.xcom_pull(task_ids='restore_checkpoint').get('path') }}",
         }},
     )
 
@@ -248,8 +279,23 @@ with DAG(
         train=train.output,
         artifacts_s3_uri="{{ params.artifacts_s3_uri }}",  # + results/<dag_id>/<safe run id>/
         aws_conn_id=AWS_CONN_ID,
+        s3_encryption=S3_ENCRYPTION,
         ssh_conn_id=SSH_CONN_ID,
         outlets=[RESULTS_ASSET],
+    )
+
+    # A failed or cancelled run's checkpoints and logs go to S3 before the cluster's storage does.
+    # A teardown: it runs whatever failed, and after "mark failed"; delete_cluster runs after it anyway.
+    save_failure_artifacts = SaveFailureArtifactsOperator(
+        task_id="save_failure_artifacts",
+        head_node="{{ ti.xcom_pull(task_ids='wait_for_fleet') }}",
+        job_dir=JOB_DIR,
+        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",  # + failed/<dag_id>/<safe run id>/
+        collected="{{ ti.xcom_pull(task_ids='collect_results') }}",
+        aws_conn_id=AWS_CONN_ID,
+        s3_encryption=S3_ENCRYPTION,
+        ssh_conn_id=SSH_CONN_ID,
+        retries=1,  # each retry keeps the cluster up a little longer
     )
 
     delete_cluster = DeleteClusterOperator(
@@ -262,6 +308,7 @@ with DAG(
         aws_conn_id=AWS_CONN_ID,
         results_uri="{{ (ti.xcom_pull(task_ids='collect_results') or {}).get('artifacts_uri') }}",
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
+        s3_encryption=S3_ENCRYPTION,
     )
 
     delete_vpc = DeleteVpcStackOperator(
@@ -287,6 +334,7 @@ with DAG(
         >> parallel_compile
         >> train
         >> collect_results
+        >> save_failure_artifacts.as_teardown(setups=pcluster_create)
         >> delete_cluster.as_teardown(setups=pcluster_create)
         # A failed delete_vpc (leftover NAT gateway, or a cluster still holding the VPC) fails the run.
         # Only on the last teardown: Airflow then judges the run by collect_results AND delete_vpc;
@@ -294,4 +342,5 @@ with DAG(
         >> delete_vpc.as_teardown(setups=create_vpc, on_failure_fail_dagrun=True)
     )
     wait_for_fleet >> restore_compile_cache >> parallel_compile
-    train >> save_compile_cache >> delete_cluster
+    wait_for_fleet >> restore_checkpoint >> train
+    train >> save_compile_cache >> save_failure_artifacts >> delete_cluster

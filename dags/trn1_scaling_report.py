@@ -15,6 +15,7 @@ from __future__ import annotations
 from airflow.sdk import DAG, Asset, Param
 
 from ultracluster.profiles import load_profile
+from ultracluster.s3_encryption import profile_sse
 from ultracluster.report.operator import DEFAULT_SOURCE_DAG_ID, ScalingReportOperator
 from ultracluster.s3_uri import S3_URI_PATTERN
 from ultracluster.sweep import SWEEP_ID_PATTERN
@@ -60,5 +61,6 @@ with DAG(
         task_id="build_report",
         aws_conn_id="aws_default",
         poll_interval=PROFILE["cluster_poll_interval_s"],
+        s3_encryption=profile_sse(PROFILE),  # of the report's files (docs/operations.md, "Encryption")
         outlets=[REPORT_ASSET],
     )

@@ -46,7 +46,8 @@ PARAMS = {
     "source_dag_id": Param(
         DEFAULT_SOURCE_DAG_ID, type="string", pattern=r"^[A-Za-z0-9_.-]+$", title="Pipeline DAG",
         description="The DAG the points run in (its sweep index tells which runs use the network)."),
-    **{key: PIPELINE_PARAMS[key] for key in ("region", "availability_zone_id", "artifacts_s3_uri", "extra_tags")},
+    **{key: PIPELINE_PARAMS[key] for key in ("region", "availability_zone_id", "artifacts_s3_uri", "extra_tags",
+                                             "resource_ttl_hours")},
 }
 
 with DAG(
@@ -65,6 +66,7 @@ with DAG(
         stack_name=STACK_NAME,
         availability_zone_id="{{ params.availability_zone_id }}",
         tags="{{ params.extra_tags }}",
+        resource_ttl_hours="{{ params.resource_ttl_hours }}",
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",
         waiter_delay=PROFILE["cluster_poll_interval_s"],

@@ -40,8 +40,20 @@ LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
 MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
 KEY_NAME = "ultracluster-local"
 REGION = "us-east-1"
-TEST_SLOTS = {"LOCAL_UC_SLOT_MIN": "200", "LOCAL_UC_SLOT_MAX": "239", "LOCAL_UC_PORT_BASE": "20000",
-              "LOCAL_UC_DB_PORT": "20070"}
+
+
+def _test_slots() -> dict[str, str]:
+    """Slots 200-239 and accounting port 20070, split between `make test`'s xdist workers so two
+    workers' clusters never claim the same addresses (a slot is only locked within one home)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index, count = int(worker.removeprefix("gw") or 0), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    width = 40 // max(1, min(count, 4))
+    low = 200 + (index % 4) * width
+    return {"LOCAL_UC_SLOT_MIN": str(low), "LOCAL_UC_SLOT_MAX": str(low + width - 1), "LOCAL_UC_PORT_BASE": "20000",
+            "LOCAL_UC_DB_PORT": str(20070 + index % 4)}
+
+
+TEST_SLOTS = _test_slots()
 CLI_TIMEOUT_S = 120
 
 

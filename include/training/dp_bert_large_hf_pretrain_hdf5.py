@@ -47,6 +47,7 @@ MODEL_SIZES = {
                  intermediate_size=512),
 }
 CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
+NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": []}
 # Environment worth keeping in results.json to reproduce a run.
 RECORDED_ENV_PREFIXES = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
                          "MASTER_", "WORLD_SIZE", "NEURON_", "XLA_", "FI_", "OMP_NUM_THREADS",
@@ -426,14 +427,17 @@ def checkpoints_in(directory: Path) -> list[tuple[int, Path]]:
 
 
 def find_resume_checkpoint(args, checkpoint_dir: Path) -> Path | None:
+    """The newest of this job's checkpoints, --resume_dir's and --resume_ckpt: a requeued or
+    resubmitted job that started from --resume_ckpt continues from what it saved since."""
+    candidates = checkpoints_in(checkpoint_dir)
+    if args.resume_dir:
+        candidates += checkpoints_in(Path(args.resume_dir) / "checkpoints")
     if args.resume_ckpt:
         path = Path(args.resume_ckpt)
         if not path.is_file():
             raise UsageError(f"--resume_ckpt {path} does not exist")
-        return path
-    candidates = checkpoints_in(checkpoint_dir)
-    if args.resume_dir:
-        candidates += checkpoints_in(Path(args.resume_dir) / "checkpoints")
+        match = CHECKPOINT_PATTERN.match(path.name)
+        candidates.append((int(match.group(1)) if match else -1, path))  # unnamed: only when alone
     return max(candidates)[1] if candidates else None
 
 
@@ -700,6 +704,8 @@ def train(args, runtime: Runtime) -> int:
             "Compile step": json.loads(os.environ.get("COMPILE_LAUNCH") or "null"),
             # The scaling-sweep point this run trained (SWEEP_POINT, JSON from the pipeline), or None.
             "Sweep": json.loads(os.environ.get("SWEEP_POINT") or "null"),
+            # Resumes after node faults so far and the steps they lost (AUTO_RESUME, from the pipeline).
+            "Auto resume": json.loads(os.environ.get("AUTO_RESUME") or "null") or NO_RESUME,
         }
         metrics = loss_metrics + throughput_metrics + [
             metric("Final loss", last_loss, "", {"step": step}),

@@ -64,6 +64,7 @@ OUTPUT_ROOT="${OUTPUT_ROOT:-$PWD}"
 COMPILE_CACHE_DIR="${COMPILE_CACHE_DIR:-$OUTPUT_ROOT/compile_cache}"
 TRAINING_PYTHON="${TRAINING_PYTHON:-python3}"
 RESUME_DIR="${RESUME_DIR:-}"
+RESUME_CKPT="${RESUME_CKPT:-}"
 LOCAL_SCRATCH_DIR="${LOCAL_SCRATCH_DIR:-}"
 
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
@@ -122,6 +123,7 @@ global_batch=$(( BATCH_SIZE * grad_accum * world_size ))
 
 command -v "$TRAINING_PYTHON" >/dev/null || fail "TRAINING_PYTHON '$TRAINING_PYTHON' not found"
 [[ -z "$RESUME_DIR" || -d "$RESUME_DIR" ]] || fail "RESUME_DIR '$RESUME_DIR' does not exist"
+[[ -z "$RESUME_CKPT" || -f "$RESUME_CKPT" ]] || fail "RESUME_CKPT '$RESUME_CKPT' is not a file"
 
 if [[ -n "${MASTER_ADDR:-}" ]]; then
     master_addr="$MASTER_ADDR"
@@ -193,6 +195,8 @@ if (( compile_only )); then
     extra_args+=(--compile_only)
 fi
 [[ -n "$RESUME_DIR" ]] && extra_args+=(--resume_dir "$RESUME_DIR")
+# Compile-only jobs never load a checkpoint: RESUME_CKPT is for the training job only.
+(( compile_only )) || { [[ -n "$RESUME_CKPT" ]] && extra_args+=(--resume_ckpt "$RESUME_CKPT"); }
 [[ -n "${LR:-}" ]] && extra_args+=(--lr "$LR")
 [[ -n "${TORCH_NUM_THREADS:-}" ]] && extra_args+=(--num_threads "$TORCH_NUM_THREADS")
 [[ -n "${TORCH_COMPILE:-}" ]] && extra_args+=(--torch_compile "$TORCH_COMPILE")

@@ -7,6 +7,10 @@ the network stays. Real CloudFormation deletes them. This module gives moto the 
 so the product's delete_vpc needs no moto workaround. Stdlib and moto only: the tests load it into
 an in-process moto too (``install()``).
 
+A delete that still fails (a resource with a real dependency, e.g. a VPC holding a subnet made
+outside the stack) ends as on AWS: the stack stays, DELETE_FAILED, with a DELETE_FAILED event per
+resource left and its reason; DeleteStack may be called again. moto would forget the stack.
+
     python -m localcluster.moto_server -H 127.0.0.1 -p 5055
 """
 from __future__ import annotations
@@ -90,14 +94,70 @@ def install() -> None:
         return
 
     def _delete_resource(self: Any, parsed_resource: Any, resource_json: dict[str, Any]) -> None:
+        errors = self.__dict__.setdefault("_localcluster_errors", {})
+        logical_id = getattr(parsed_resource, "logical_resource_id", None)
         delete = _DELETES.get(resource_json.get("Type", ""))
-        if delete is None:
-            return original(self, parsed_resource, resource_json)
-        # Raising leaves the resource for moto's next pass (its loop retries in dependency order).
-        delete(_backend(self), parsed_resource)
+        try:
+            if delete is None:
+                original(self, parsed_resource, resource_json)
+            else:
+                # Raising leaves the resource for moto's next pass (its loop retries in dependency order).
+                delete(_backend(self), parsed_resource)
+        except Exception as err:
+            errors[logical_id] = str(err) or type(err).__name__
+            raise
+        errors.pop(logical_id, None)
 
     _delete_resource._localcluster = True  # type: ignore[attr-defined]
     ResourceMap._delete_resource = _delete_resource
+    _install_delete_failed()
+
+
+class _DeleteFailed(Exception):
+    pass
+
+
+def _install_delete_failed() -> None:
+    from moto.cloudformation.models import CloudFormationBackend, Event, Stack
+
+    def stack_delete(self: Any) -> None:
+        self._add_stack_event("DELETE_IN_PROGRESS", resource_status_reason="User Initiated")
+        try:
+            self.resource_map.delete()
+        except Exception as err:
+            resources = self.resource_map
+            errors = resources.__dict__.get("_localcluster_errors", {})
+            left = [key for key, value in resources._parsed_resources.items()
+                    if key in resources._resource_json_map and not isinstance(value, str)]
+            for logical_id in left:
+                self.events.append(Event(
+                    stack_id=self.stack_id, stack_name=self.name, logical_resource_id=logical_id,
+                    physical_resource_id=getattr(resources._parsed_resources[logical_id], "physical_resource_id", ""),
+                    resource_type=resources._resource_json_map[logical_id].get("Type", ""),
+                    resource_status="DELETE_FAILED",
+                    resource_status_reason=errors.get(logical_id) or str(err), resource_properties=None))
+            self._add_stack_event("DELETE_FAILED", resource_status_reason=(
+                f"The following resource(s) failed to delete: [{', '.join(sorted(left))}]. "))
+            self.status = "DELETE_FAILED"
+            raise _DeleteFailed() from err
+        self._add_stack_event("DELETE_COMPLETE")
+        self.status = "DELETE_COMPLETE"
+
+    original_delete_stack = CloudFormationBackend.delete_stack
+
+    def delete_stack(self: Any, name_or_stack_id: str) -> None:
+        stack = self.stacks.get(name_or_stack_id) or next(
+            (s for s in self.stacks.values() if s.name == name_or_stack_id), None)
+        if stack is None:
+            return original_delete_stack(self, name_or_stack_id)
+        try:
+            original_delete_stack(self, stack.stack_id)
+        except _DeleteFailed:
+            self.stacks[stack.stack_id] = stack  # AWS keeps a DELETE_FAILED stack; DeleteStack still answers 200
+            self.deleted_stacks.pop(stack.stack_id, None)
+
+    Stack.delete = stack_delete
+    CloudFormationBackend.delete_stack = delete_stack
 
 
 def main(argv: list[str] | None = None) -> None:

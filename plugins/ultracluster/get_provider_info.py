@@ -23,7 +23,8 @@ def get_provider_info() -> dict:
             {"integration-name": _PCLUSTER, "python-modules": [
                 "ultracluster.operators.vpc", "ultracluster.operators.config", "ultracluster.operators.pcluster"]},
             {"integration-name": _SLURM, "python-modules": [
-                "ultracluster.operators.dataset", "ultracluster.operators.slurm", "ultracluster.operators.results"]},
+                "ultracluster.operators.dataset", "ultracluster.operators.slurm", "ultracluster.operators.results",
+                "ultracluster.operators.checkpoint", "ultracluster.operators.failure_artifacts"]},
         ],
         "sensors": [{"integration-name": _PCLUSTER, "python-modules": ["ultracluster.sensors.fleet"]}],
         "hooks": [

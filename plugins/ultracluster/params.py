@@ -22,6 +22,7 @@ from ultracluster.operators.config import (
 )
 from ultracluster.s3_uri import S3_URI_PATTERN
 from ultracluster.sweep import SWEEP_SCHEMA
+from ultracluster.tags import DEFAULT_RESOURCE_TTL_HOURS
 
 TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
 # Image.Os: the Ubuntu releases ParallelCluster 3.16.1 accepts (its schema also takes alinux2023, rhel8/9
@@ -123,8 +124,17 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             type="integer", minimum=1),
         "steps_this_run": _param(
             p["steps_this_run"], "Steps this run", TRAINING,
-            "Optimizer steps this run performs (at most 'Total steps').",
+            "Optimizer steps this run performs, from step 0 or from the 'Resume from' checkpoint's step, "
+            "never past 'Total steps'. A later run continues where this one stopped: set its 'Resume "
+            "from' to this run's results (or failed-run) S3 prefix.",
             type="integer", minimum=1),
+        "resume_from": _param(
+            None, "Resume from", TRAINING,
+            "Optional S3 URI of a checkpoint (.../ckpt_<step>.pt) or of a saved run's prefix "
+            "(<artifacts>/results/... or <artifacts>/failed/<dag_id>/<run>/: its newest checkpoint). "
+            "preflight checks it exists; 'train' resumes from it, keeping its LR schedule and data "
+            "position. Empty: start from step 0.",
+            type=["null", "string"], pattern=S3_URI_PATTERN),
         "batch_size": _param(
             p["batch_size"], "Micro-batch", TRAINING,
             "Sequences per NeuronCore (per rank) in one forward pass.",
@@ -134,6 +144,11 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "Accumulation micro-steps per optimizer step before node scaling; strong scaling needs it "
             "divisible by 'Training nodes'.",
             type="integer", minimum=1),
+        "auto_resume_attempts": _param(
+            2, "Auto-resume attempts", TRAINING,
+            "Times 'train' resumes after a node fault (NODE_FAIL): it waits for the fleet to be healthy "
+            "again, then resubmits from the newest checkpoint. 0 = off.",
+            type="integer", minimum=0, maximum=20),
         # --- Data ------------------------------------------------------------------------------
         "dataset_s3_uri": _param(
             p["dataset_s3_uri"], "Dataset", DATA,
@@ -217,6 +232,13 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             'pipeline\'s own. Example: {"NEURON_CC_FLAGS": "--retry_failed_compilation"}',
             type="object", additionalProperties={"type": "string"},
             propertyNames={"pattern": r"^[A-Z_][A-Z0-9_]*$"}),
+        "resource_ttl_hours": _param(
+            DEFAULT_RESOURCE_TTL_HOURS, "Resource time to live (hours)", ADVANCED,
+            "The run's network stack, cluster and S3 scratch are tagged to expire this long after the run "
+            "starts. The reaper deletes expired ones only when their run cannot be found (its record is "
+            "deleted, or another Airflow made them); a live run's resources are never reaped. A week by "
+            "default: longer than any run, and than a sweep's shared network is held (at most 72 h).",
+            type="integer", minimum=1, maximum=24 * 90),
         "extra_tags": _param(
             p["extra_tags"], "Extra tags", ADVANCED,
             "More AWS tags on the network stack and the cluster (the DAG adds its id and the run id). "

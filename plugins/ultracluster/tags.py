@@ -7,16 +7,58 @@ Stdlib only: imported at DAG parse time through the operators.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 DAG_ID_TAG = "ultracluster:dag-id"
 RUN_ID_TAG = "ultracluster:run-id"
+# The reaper (ultracluster.reaper) touches only what carries this marker.
+CREATED_BY_TAG, CREATED_BY = "ultracluster:created-by", "ultracluster"
+# ISO-8601 UTC: the run's start plus its resource_ttl_hours. Past it, a resource whose run cannot be
+# found is an orphan; a live run's resources are never reaped, expired or not.
+EXPIRES_AT_TAG = "ultracluster:expires-at"
+EXPIRY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+# The resource_ttl_hours param's default (plugins/ultracluster/params.py says why).
+DEFAULT_RESOURCE_TTL_HOURS = 168
 # The cluster's node count at most (its queues' MaxCount): the deployment's node cap adds these up.
 NODES_TAG = "ultracluster:nodes"
 
 
-def ownership_tags(dag_id: str, run_id: str) -> dict[str, str]:
-    return {DAG_ID_TAG: dag_id, RUN_ID_TAG: run_id}
+def ownership_tags(dag_id: str, run_id: str, *, started_at: datetime | None, ttl_hours: float) -> dict[str, str]:
+    """The tags every resource of a run carries; ``started_at`` None (a run not started yet): now."""
+    return {DAG_ID_TAG: dag_id, RUN_ID_TAG: run_id, CREATED_BY_TAG: CREATED_BY,
+            EXPIRES_AT_TAG: expires_at(started_at, ttl_hours)}
+
+
+def expires_at(started_at: datetime | None, ttl_hours: float) -> str:
+    ttl = float(ttl_hours)
+    if ttl <= 0:
+        raise ValueError(f"resource_ttl_hours must be positive, got {ttl_hours!r}")
+    start = started_at or datetime.now(timezone.utc)
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=timezone.utc)
+    return (start.astimezone(timezone.utc) + timedelta(hours=ttl)).strftime(EXPIRY_FORMAT)
+
+
+def parse_expiry(value: str | None) -> datetime | None:
+    """EXPIRES_AT_TAG's value as an aware datetime; None when absent or malformed."""
+    try:
+        return datetime.strptime(str(value), EXPIRY_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def s3_tagging(tags: dict[str, str]) -> str:
+    """Tags as an S3 upload's ``Tagging`` (URL-encoded; S3 allows 10 an object)."""
+    from urllib.parse import urlencode
+
+    return urlencode(tags)
+
+
+def run_tags(context: Any, ttl_hours: float) -> dict[str, str]:
+    """ownership_tags of the task's run (its DAG run's start)."""
+    return ownership_tags(context["dag"].dag_id, context["run_id"],
+                          started_at=getattr(context.get("dag_run"), "start_date", None), ttl_hours=ttl_hours)
 
 
 def cluster_owner(description: dict) -> str | None:
@@ -43,9 +85,9 @@ RESERVED_PREFIXES = ("aws:", "parallelcluster:")
 _TAG_CHARACTERS = re.compile(r"[\w\s.:/=+\-@]*")
 
 
-def tag_problems(extra_tags: Any, own_tags: int = 3) -> list[str]:
+def tag_problems(extra_tags: Any, own_tags: int = 5) -> list[str]:
     """What is wrong with the user's ``extra_tags`` (a dict) beside ``own_tags`` tags of ours (the
-    ownership tags and NODES_TAG); one line each, naming the param."""
+    four ownership tags and NODES_TAG); one line each, naming the param."""
     if extra_tags in (None, ""):
         return []
     if not isinstance(extra_tags, dict):

@@ -17,8 +17,8 @@ DAG_FILE = DAGS / "trn1_bert_pretrain.py"
 DAG_ID = "trn1_bert_pretrain"
 
 TASK_IDS = ["preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
-            "restore_compile_cache", "parallel_compile", "train", "save_compile_cache", "collect_results",
-            "delete_cluster", "delete_vpc"]
+            "restore_compile_cache", "restore_checkpoint", "parallel_compile", "train", "save_compile_cache", "collect_results",
+            "save_failure_artifacts", "delete_cluster", "delete_vpc"]
 UPSTREAM = {
     "preflight": set(),
     "create_vpc": {"preflight"},
@@ -28,10 +28,12 @@ UPSTREAM = {
     "download_data": {"wait_for_fleet"},
     "restore_compile_cache": {"wait_for_fleet"},
     "parallel_compile": {"download_data", "restore_compile_cache", "wait_for_fleet"},
-    "train": {"parallel_compile", "wait_for_fleet"},
+    "restore_checkpoint": {"wait_for_fleet"},
+    "train": {"parallel_compile", "restore_checkpoint", "wait_for_fleet"},
     "save_compile_cache": {"train", "wait_for_fleet"},
     "collect_results": {"train", "wait_for_fleet"},
-    "delete_cluster": {"collect_results", "save_compile_cache", "pcluster_create"},
+    "save_failure_artifacts": {"collect_results", "save_compile_cache", "pcluster_create"},
+    "delete_cluster": {"save_failure_artifacts", "pcluster_create"},
     "delete_vpc": {"delete_cluster", "create_vpc"},
 }
 HEAVY = ("boto3", "botocore", "jinja2", "yaml", "paramiko", "asyncssh", "torch", "transformers")
@@ -74,10 +76,18 @@ def test_teardowns_are_wired_to_their_setups(dag):
 
     create_vpc, pcluster_create = dag.get_task("create_vpc"), dag.get_task("pcluster_create")
     delete_cluster, delete_vpc = dag.get_task("delete_cluster"), dag.get_task("delete_vpc")
+    save_failure = dag.get_task("save_failure_artifacts")
     assert create_vpc.is_setup and pcluster_create.is_setup
     assert delete_cluster.is_teardown and delete_vpc.is_teardown
+    # A teardown of the cluster, before delete_cluster: it runs whatever failed (and after "mark
+    # failed"), and its own failure neither skips delete_cluster nor decides the run's state.
+    assert save_failure.is_teardown and not save_failure.on_failure_fail_dagrun
+    assert save_failure.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS
+    assert {"pcluster_create", "collect_results", "save_compile_cache"} <= save_failure.upstream_task_ids
+    assert "save_failure_artifacts" in delete_cluster.upstream_task_ids
     assert not any(dag.get_task(t).is_setup or dag.get_task(t).is_teardown
-                   for t in TASK_IDS if t not in ("create_vpc", "pcluster_create", "delete_cluster", "delete_vpc"))
+                   for t in TASK_IDS if t not in ("create_vpc", "pcluster_create", "save_failure_artifacts",
+                                                  "delete_cluster", "delete_vpc"))
     assert "pcluster_create" in delete_cluster.upstream_task_ids
     assert {"create_vpc", "delete_cluster"} <= delete_vpc.upstream_task_ids  # cluster goes before its network
     assert delete_cluster.trigger_rule == delete_vpc.trigger_rule == TriggerRule.ALL_DONE_SETUP_SUCCESS

@@ -29,10 +29,14 @@ DAG_ID = "trn1_bert_pretrain"
 DATASET_NAME = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 DATASET_KEY = f"training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/{DATASET_NAME}.tar"
 TASK_IDS = {"preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
-            "restore_compile_cache", "parallel_compile", "train", "save_compile_cache", "collect_results",
-            "delete_cluster", "delete_vpc"}
+            "restore_compile_cache", "restore_checkpoint", "parallel_compile", "train", "save_compile_cache", "collect_results",
+            "save_failure_artifacts", "delete_cluster", "delete_vpc"}
 RUN_TIMEOUT_S = 1200
 NODE_CAP = 4  # the shared Airflow's max_live_nodes
+FAULT_SETTINGS = Path(__file__).with_name("fault_settings") / "airflow_local_settings.py"
+# Its sitecustomize records every AWS call of the shared deployment's processes (test_pipeline.py's
+# least-privilege test reads the file named by UC_AWS_CALL_LOG in airflow_local's env).
+AWS_CALL_RECORDER = REPO / "tests" / "fixtures" / "aws_call_recorder"
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 
 
@@ -169,6 +173,13 @@ def start_airflow(env: dict[str, str], home: Path, password: str | None = None) 
 
 
 def stop_airflow(env: dict[str, str]) -> None:
+    # Components a test killed and restarted (fault_actions.restart_component) run in groups of their own.
+    groups = Path(env["AIRFLOW_HOME"]) / "extra-process-groups"
+    for pgid in groups.read_text().split() if groups.exists() else []:
+        try:
+            os.killpg(int(pgid), 9)
+        except ProcessLookupError:
+            pass
     subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh"), "stop"], env=env, capture_output=True,
                    timeout=120)
     shutil.rmtree(env["ULTRACLUSTER_PG_HOME"], ignore_errors=True)
@@ -194,9 +205,18 @@ def _with_secret_aws_credentials(env: dict[str, str]) -> dict[str, str]:
 def airflow_local(e2e_home: Path, moto_server: str, tmp_path_factory: pytest.TempPathFactory):
     """A real Airflow with the local profile, shared by the REST and browser tests; stopped afterwards."""
     # A node cap (docs/operations.md, Concurrency): a 2-node cluster and a 3-node one never overlap.
+    home = tmp_path_factory.mktemp("airflow-local")
+    # Test-only fault injection (test_fault_matrix.py): a cluster policy in AIRFLOW_HOME/config that
+    # hits only the runs with a fault file in UC_E2E_FAULT_DIR; 5 s retry delays, concurrent runs.
+    (home / "config").mkdir()
+    shutil.copy(FAULT_SETTINGS, home / "config" / "airflow_local_settings.py")
+    (home / "faults").mkdir()
     env = {**_with_secret_aws_credentials(_deployment_env(e2e_home, moto_server)), "ULTRACLUSTER_PROFILE": "local",
-           "ULTRACLUSTER_MAX_LIVE_NODES": str(NODE_CAP)}
-    api, env = start_airflow(env, tmp_path_factory.mktemp("airflow-local"), password=SECRETS["api_password"])
+           "ULTRACLUSTER_MAX_LIVE_NODES": str(NODE_CAP), "UC_E2E_FAULT_DIR": str(home / "faults"),
+           "UC_E2E_RETRY_DELAY_S": "5", "UC_E2E_MAX_ACTIVE_RUNS": "16",
+           "UC_AWS_CALL_LOG": str(tmp_path_factory.mktemp("aws-calls") / "calls.jsonl"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(AWS_CALL_RECORDER), os.environ.get("PYTHONPATH")]))}
+    api, env = start_airflow(env, home, password=SECRETS["api_password"])
     try:
         api.wait_for_dag(DAG_ID)
         yield api, env
@@ -219,8 +239,14 @@ def assert_nothing_left(env: dict[str, str], uc_home: Path) -> None:
     assert vpcs == [], f"VPCs left: {vpcs}"
     nats = [n["NatGatewayId"] for n in ec2.describe_nat_gateways()["NatGateways"] if n["State"] != "deleted"]
     assert nats == [], f"NAT gateways left: {nats}"
+    eips = [a.get("AllocationId") or a.get("PublicIp") for a in ec2.describe_addresses()["Addresses"]]
+    assert eips == [], f"Elastic IPs left: {eips}"
+    # No slurmctld, slurmd, sshd, munged or agent of this home: no Slurm job can be left either.
     assert processes_mentioning(str(uc_home)) == []
     assert not any((uc_home / "clusters").glob("*/cluster.json")), "cluster state left"
+    # A cluster's directory holds its shared storage, so the runs' job directories and scratch on it.
+    left = sorted(p.name for p in (uc_home / "clusters").glob("*") if p.is_dir()) if (uc_home / "clusters").exists() else []
+    assert left == [], f"cluster directories (shared storage, job directories) left: {left}"
 
 
 def results_in_s3(env: dict[str, str], prefix: str) -> dict[str, int]:

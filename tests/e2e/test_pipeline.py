@@ -13,6 +13,7 @@ import pytest
 
 from ultracluster.operators.config import safe_run_id
 from ultracluster.profiles import load_profile
+from ultracluster.s3_uri import split_s3_uri
 
 from tests.e2e.conftest import (
     DAG_ID,
@@ -26,6 +27,8 @@ from tests.e2e.conftest import (
     assert_nothing_left,
     results_in_s3,
 )
+from tests.fixtures_localcluster import REGION
+from tests.iam_policy import AIRFLOW_POLICY, denials, render_policy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -50,6 +53,15 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
     # No Neuron SDK here: parallel_compile ran compile-only, as the local profile allows, and says so.
     assert json.loads(body)["results"]["parameters"]["Compile step"] == {"mode": "compile_only", "path": None}
+    # Encrypted at rest, the profile's way (SSE-S3): the presigned PUTs sent the signed header.
+    assert_encrypted(env, keys)
+
+
+def assert_encrypted(env: dict[str, str], keys) -> None:
+    """moto records an object's ServerSideEncryption only when its PUT asked for it."""
+    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    plain = {key: s3.head_object(Bucket="ultracluster-artifacts", Key=key).get("ServerSideEncryption") for key in keys}
+    assert keys and all(v == "AES256" for v in plain.values()), plain
 
 
 def test_dag_test_runs_the_whole_pipeline(deployment, e2e_home):
@@ -166,3 +178,46 @@ def test_no_secret_in_any_log_xcom_or_rendered_field(airflow_local):
     leaks += [f"{name}: a presigned URL ({marker})" for name, text in texts.items()
               for marker in PRESIGNED_MARKERS if marker in text]
     assert not leaks, "\n".join(leaks[:40])
+
+
+# moto's account; the policy's placeholders filled in for the local profile and CACHED_CONF.
+MOTO_ACCOUNT = "123456789012"
+
+
+def _policy_values() -> dict[str, str]:
+    profile = load_profile("local")
+    dataset_bucket, dataset_key = split_s3_uri(profile["dataset_s3_uri"])
+    artifacts_bucket, artifacts_prefix = split_s3_uri(profile["artifacts_s3_uri"])
+    cache_bucket, cache_prefix = split_s3_uri(CACHED_CONF["compile_cache_s3_uri"])
+    return {"region": REGION, "account-id": MOTO_ACCOUNT, "dataset-bucket": dataset_bucket, "dataset-key": dataset_key,
+            "artifacts-bucket": artifacts_bucket, "artifacts-prefix": artifacts_prefix,
+            "compile-cache-bucket": cache_bucket, "compile-cache-prefix": cache_prefix,
+            "kms-key-arn": f"arn:aws:kms:{REGION}:{MOTO_ACCOUNT}:key/not-used-with-AES256"}
+
+
+def test_airflow_makes_only_the_aws_calls_its_policy_allows(airflow_local):
+    """Every AWS call the deployment's Airflow processes made (the runs above and the client's before
+    them), recorded by botocore event hooks, is allowed by include/cluster/iam/airflow-policy.json.
+    The pcluster CLI's own calls are left out: ParallelCluster's documented policies cover them."""
+    if not FIRST_RUN:
+        pytest.fail("needs the REST runs above, which did not finish")
+    api, env = airflow_local
+    calls = [json.loads(line) for line in Path(env["UC_AWS_CALL_LOG"]).read_text().splitlines()]
+    airflow_venv = (VENVS / "airflow").resolve()
+    ours = [c for c in calls if Path(c["prefix"]).resolve() == airflow_venv
+            and Path((c["argv"] or [""])[0]).name != "pcluster"]
+    seen = {(c["service"], c["operation"], c["presigned"]) for c in ours}
+    # Not vacuous: the recorder saw the pipeline's own calls, direct and presigned.
+    for needed in [("s3", "PutObject", False), ("s3", "PutObject", True), ("s3", "GetObject", True),
+                   ("s3", "GetPublicAccessBlock", False), ("cloudformation", "CreateStack", False),
+                   ("cloudformation", "DeleteStack", False), ("ec2", "DescribeInstances", False)]:
+        assert needed in seen, f"{needed} not recorded; recorded: {sorted(seen)}"
+    policy = render_policy(AIRFLOW_POLICY.read_text(), _policy_values())
+    denied = denials(policy, ours, REGION, MOTO_ACCOUNT)
+    assert not denied, "\n".join(denied)
+    # The run's config, node script and compile-cache archive are encrypted too (the results above).
+    run = FIRST_RUN["run_id"]
+    config_keys = list(results_in_s3(env, f"runs/{DAG_ID}/{safe_run_id(run)}/"))
+    assert {Path(k).name for k in config_keys} >= {"cluster-config.yaml", "on_node_configured.sh"}, config_keys
+    cache_key = split_s3_uri(FIRST_RUN["save_compile_cache"]["s3_uri"])[1]
+    assert_encrypted(env, config_keys + [cache_key])

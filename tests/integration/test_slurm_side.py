@@ -418,3 +418,72 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
     finally:
         pcluster("delete-cluster", "-n", "acct")
         wait_until_gone(uc_env, "acct", timeout=120)
+
+
+def test_a_failed_runs_files_reach_s3_and_a_later_run_gets_its_checkpoint(uc_home, uc_env, make_cluster_config,
+                                                                          pcluster, monkeypatch, tmp_path):
+    """save_failure_artifacts after a real failed Slurm job, and restore_checkpoint (resume_from)
+    pulling that saved checkpoint back onto the cluster's shared storage: head node <-> moto by curl."""
+    import boto3
+
+    from airflow.sdk.exceptions import AirflowException
+
+    from ultracluster.hooks.slurm import SlurmHook
+    from ultracluster.operators.checkpoint import RestoreCheckpointOperator
+    from ultracluster.operators.config import safe_run_id
+    from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
+    from ultracluster.operators.slurm import SlurmJobOperator
+
+    cluster = make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, "failsave", {})
+    endpoint = uc_env["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps(
+        {"conn_type": "aws", "login": "testing", "password": "testing",
+         "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}))
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    try:
+        event = wait_for_fleet(cluster, num_nodes=1)
+        assert event["status"] == "success", event
+        head = event["head_node"]
+        training = tmp_path / "training"
+        training.mkdir()
+        (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
+        job_dir = "/fsx/ultracluster/trn1_bert_pretrain/failsave"
+        failing = SlurmJobOperator(task_id="train", head_node=head, job_dir=job_dir, num_nodes=1,
+                                   job_env={"SCALING_MODE": "strong", "STEP_SLEEP": "0", "FAIL_WITH": "3"},
+                                   training_files_dir=str(training), deferrable=False, poll_interval=1)
+        with pytest.raises(AirflowException, match="UC_ERROR asked to fail"):
+            failing.execute(ctx("train", run_id="manual__failsave"))
+        job_id = failing._job_id
+
+        # A checkpoint restored by restore_checkpoint sits in the job dir too: it is not copied back.
+        earlier = "runs/results/trn1_bert_pretrain/earlier/checkpoints/ckpt_2.pt"
+        s3.put_object(Bucket="ultracluster-artifacts", Key=earlier, Body=b"saved by an earlier run")
+        restored = RestoreCheckpointOperator(
+            task_id="restore_checkpoint", head_node=head, resume_from="s3://ultracluster-artifacts/runs/results/",
+            destination_dir=f"{job_dir}/.resume").execute(ctx("restore_checkpoint", run_id="manual__failsave"))
+        assert restored["path"] == f"{job_dir}/.resume/ckpt_2.pt" and restored["step"] == 2
+        assert SlurmHook(head_node=head).tail_log(restored["path"]).strip() == "saved by an earlier run"
+
+        saved = SaveFailureArtifactsOperator(
+            task_id="save_failure_artifacts", head_node=head, job_dir=job_dir, collected=None,
+            artifacts_s3_uri="s3://ultracluster-artifacts/runs").execute(ctx("save_failure_artifacts",
+                                                                            run_id="manual__failsave"))
+        prefix = f"runs/failed/trn1_bert_pretrain/{safe_run_id('manual__failsave')}/"
+        assert saved["artifacts_uri"] == f"s3://ultracluster-artifacts/{prefix}"
+        keys = {o["Key"][len(prefix):] for o in s3.list_objects_v2(Bucket="ultracluster-artifacts",
+                                                                     Prefix=prefix)["Contents"]}
+        assert {f"slurm-{job_id}.out", f"output_{job_id}/ckpt/ckpt_3.pt", f"output_{job_id}/results.json",
+                f"output_{job_id}/log_ph1_bf16_0_1"} <= keys, keys
+        assert not any(".resume" in key for key in keys)
+        log = s3.get_object(Bucket="ultracluster-artifacts", Key=f"{prefix}slurm-{job_id}.out")["Body"].read()
+        assert b"UC_ERROR asked to fail" in log
+
+        # The later run's resume_from may name that failed run's prefix: its newest checkpoint.
+        again = RestoreCheckpointOperator(
+            task_id="restore_checkpoint", head_node=head, resume_from=f"s3://ultracluster-artifacts/{prefix}",
+            destination_dir=f"{job_dir}/later").execute(ctx("restore_checkpoint", run_id="manual__later"))
+        assert again["step"] == 3 and again["s3_uri"].endswith(f"output_{job_id}/ckpt/ckpt_3.pt")
+    finally:
+        pcluster("delete-cluster", "-n", "failsave")
+        wait_until_gone(uc_env, "failsave", timeout=120)

@@ -107,7 +107,7 @@ def test_prepare_data_from_text_files_with_a_given_vocab(training_python, data_d
             "--num_shards", "4", "--seed", "7"]
 
     first = prepare(training_python, tmp_path / "a", *args)
-    second = prepare(training_python, tmp_path / "b", *args)
+    prepare(training_python, tmp_path / "b", *args)
     other_seed = prepare(training_python, tmp_path / "c", *args[:-1], "8")
 
     assert first["shards"] == 4 and first["sequences"] > 40

@@ -157,6 +157,7 @@ def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tm
     validate_results(results)
     params = results["results"]["parameters"]
     assert params["World size"] == 2 and params["Number of nodes"] == 2
+    assert params["Auto resume"] == {"resumes": 0, "steps_lost": 0, "history": []}
     assert params["Gradient accumulation microsteps"] == 1 and params["Global batch size"] == 16
     assert not [k for k in params["Environment variables"] if k.startswith(("FI_", "NEURON_"))]  # not Trn1
     assert metric_values(results, "Sequences processed") == [16 * 40]
@@ -210,7 +211,11 @@ def test_killed_job_resumes_from_checkpoint_without_repeating_steps(training_pyt
     assert not (tmp_path / "output_621" / "results.json").exists()
 
     # Resubmitted: a new job id, pointed at the killed job's output dir.
-    codes, out = run_emulated(2, "622", {**env, "RESUME_DIR": str(tmp_path / "output_621")}, tmp_path)
+    auto_resume = {"resumes": 1, "steps_lost": killed_at - 20, "history": [  # what train's auto-resume passes
+        {"failed_job_id": "621", "state": "NODE_FAIL", "last_step": killed_at, "from_step": 20,
+         "steps_lost": killed_at - 20, "job_id": None}]}
+    codes, out = run_emulated(2, "622", {**env, "RESUME_DIR": str(tmp_path / "output_621"),
+                                         "AUTO_RESUME": json.dumps(auto_resume)}, tmp_path)
     assert codes == [0, 0], out[-3000:]
     assert f"resuming from {checkpoints / 'ckpt_20.pt'} at step 20" in out
     resumed = progress_lines(out)
@@ -224,6 +229,7 @@ def test_killed_job_resumes_from_checkpoint_without_repeating_steps(training_pyt
     params = results["results"]["parameters"]
     assert params["Start step"] == 20 and params["End step"] == 40
     assert params["Resumed from"] == str(checkpoints / "ckpt_20.pt")
+    assert params["Auto resume"] == auto_resume
     assert metric_values(results, "Sequences processed") == [16 * 20]
 
 
@@ -253,3 +259,46 @@ def test_compile_only_runs_a_few_steps_and_reports_the_cache(trigger, training_p
     validate_results(results)
     assert results["results"]["parameters"]["Compile only"] is True
     assert not (tmp_path / "output_641" / "checkpoints").exists()  # the real run starts from step 0
+
+
+def test_a_later_run_resumes_from_resume_ckpt_and_a_requeue_keeps_its_own_progress(training_python, data_dir,
+                                                                                   tmp_path):
+    """resume_from: restore_checkpoint puts the saved checkpoint on shared storage and train gets it
+    as RESUME_CKPT. A later run continues at its step; a requeued job that has saved since continues
+    from its own newer checkpoint, not from RESUME_CKPT again."""
+    import shutil
+
+    env = tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", STEPS_PER_CKPT="10",
+                   NUM_CKPTS_TO_KEEP="3")
+    codes, out = run_emulated(1, "631", {**env, "STEPS_THIS_RUN": "20"}, tmp_path)
+    assert codes == [0], out[-3000:]
+    saved = tmp_path / "output_631" / "checkpoints" / "ckpt_20.pt"
+    resume = tmp_path / "fsx" / ".resume"
+    resume.mkdir(parents=True)
+    shutil.copy(saved, resume / "ckpt_20.pt")  # what restore_checkpoint downloads from S3
+    shutil.copy(tmp_path / "output_631" / "checkpoints" / "ckpt_10.pt", resume / "ckpt_10.pt")
+
+    later = tmp_path / "later"
+    env = {**env, "OUTPUT_ROOT": str(later), "STEPS_THIS_RUN": "10"}
+    codes, out = run_emulated(1, "632", {**env, "RESUME_CKPT": str(resume / "ckpt_20.pt")}, tmp_path)
+    assert codes == [0], out[-3000:]
+    assert f"resuming from {resume / 'ckpt_20.pt'} at step 20" in out
+    assert [p.step for p in progress_lines(out)] == list(range(21, 31))
+    params = json.loads(results_path(out).read_text())["results"]["parameters"]
+    assert (params["Start step"], params["End step"]) == (20, 30)
+    assert params["Resumed from"] == str(resume / "ckpt_20.pt")
+
+    # Job 632 again (requeued: same output dir, which holds ckpt_30 now) with an older RESUME_CKPT.
+    codes, out = run_emulated(1, "632", {**env, "RESUME_CKPT": str(resume / "ckpt_10.pt")}, tmp_path)
+    assert codes == [0], out[-3000:]
+    assert f"resuming from {later / 'output_632' / 'checkpoints' / 'ckpt_30.pt'} at step 30" in out
+    assert [p.step for p in progress_lines(out)] == list(range(31, 41))
+
+
+def test_a_missing_resume_ckpt_is_refused_before_launch(training_python, data_dir, tmp_path):
+    env = {**tiny_env(data_dir, tmp_path / "out", RESUME_CKPT=str(tmp_path / "nope" / "ckpt_5.pt")),
+           **slurm_env(1, 0, "633"), "MASTER_ADDR": "127.0.0.1"}
+    done = run_script_once(env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"UC_ERROR RESUME_CKPT '{tmp_path / 'nope' / 'ckpt_5.pt'}' is not a file" in done.stdout
+    assert not (tmp_path / "out").exists()

@@ -86,7 +86,7 @@ def test_the_trn_vcpu_quota_must_cover_max_nodes(account, monkeypatch, quota, pr
     ({"k": "v" * 257}, ["extra_tags: the value of 'k' is 257 characters (at most 256)"]),
     ({"k" * 129: "v"}, ["extra_tags: key 'kkkk"]),
     ({"bad#key": "v"}, ["extra_tags: 'bad#key' has characters AWS tags do not allow"]),
-    ({f"t{i}": "v" for i in range(48)}, ["extra_tags: 48 tags plus the pipeline's 3 exceed AWS's 50 per resource"]),
+    ({f"t{i}": "v" for i in range(48)}, ["extra_tags: 48 tags plus the pipeline's 5 exceed AWS's 50 per resource"]),
     (["not", "a", "dict"], ["extra_tags must be an object"]),
 ])
 def test_tag_rules(tags, expected):

@@ -135,9 +135,12 @@ def render_op(params: dict, **overrides) -> RenderClusterConfigOperator:
 
 
 def test_render_uploads_a_valid_seed_layout(s3):
+    from datetime import datetime, timezone
+
     params = load_profile("production")
     context = make_context(params)
-    result = render_op(params).execute(context)
+    context["dag_run"] = SimpleNamespace(start_date=datetime(2026, 11, 30, 8, 0, tzinfo=timezone.utc))
+    result = render_op(params, resource_ttl_hours="48").execute(context)
 
     assert result["cluster_name"] == cluster_name_for(RUN_ID)
     assert result["config_s3_key"] == f"runs/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/cluster-config.yaml"
@@ -161,8 +164,12 @@ def test_render_uploads_a_valid_seed_layout(s3):
     access = {a["BucketName"]: a["EnableWriteAccess"] for a in config["HeadNode"]["Iam"]["S3Access"]}
     assert access == {"neuron-s3": False, "ultracluster-artifacts": True}
     tags = {t["Key"]: t["Value"] for t in config["Tags"]}
-    assert tags == {"team": "ml", "ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID,
-                    "ultracluster:nodes": "16"}  # the node cap counts it
+    own = {"ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID,
+           "ultracluster:created-by": "ultracluster", "ultracluster:expires-at": "2026-12-02T08:00:00Z"}
+    assert tags == {"team": "ml", **own, "ultracluster:nodes": "16"}  # the node cap counts it
+    # The script is the run's S3 scratch: tagged for the reaper (the config, a record, is not).
+    tagging = s3.get_object_tagging(Bucket="ultracluster-artifacts", Key=script_uri.split("/", 3)[3])["TagSet"]
+    assert {t["Key"]: t["Value"] for t in tagging} == own
     assert result["nodes"] == 16
     assert context["ti"].xcom["ultracluster_cluster_config"]["key"] == result["config_s3_key"]
 

@@ -194,6 +194,18 @@ def test_key_pinned_for_an_earlier_cluster_of_the_name_is_not_reused(first_conta
     assert trigger.host_key_cluster != cluster_identity(described("create_complete"))
 
 
+def test_kept_host_key_is_never_replaced_by_first_contact(first_contact):
+    """train's auto-resume keeps wait_for_fleet's key: it is used without a cluster identity to match."""
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY, keep_host_key=True)
+    verdict, reason, head = asyncio.run(trigger.check_once(FakePcluster(recreated(described("create_complete")))))
+    assert verdict == READY, reason
+    assert first_contact == [] and head["host_key"] == HOST_KEY
+    assert trigger.serialize()[1]["keep_host_key"] is True
+    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), keep_host_key=True)
+                                     .check_once(FakePcluster(described("create_complete"))))
+    assert verdict == FAIL and "pinned host_key" in reason
+
+
 def test_trigger_run_waits_then_fires(first_contact):
     trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), region_name="eu-west-1")
     pcluster = FakePcluster(described("create_in_progress"), described("create_in_progress"), described("create_complete"))

@@ -32,6 +32,7 @@ from ultracluster.operators.config import (
 )
 from ultracluster.params import IMAGE_OS, dag_params
 from ultracluster.profiles import include_dir, load_profile
+from ultracluster.s3_encryption import profile_sse
 
 REPO = Path(__file__).resolve().parents[2]
 PCLUSTER_BIN = REPO / ".venvs" / "pcluster" / "bin"
@@ -78,6 +79,7 @@ def render(params: dict, network: dict | None = None, **overrides) -> str:
     """The config render_config would upload for ``params`` (profile keys that are operator arguments)."""
     accepted = inspect.signature(RenderClusterConfigOperator.__init__).parameters
     kwargs = {key: value for key, value in params.items() if key in accepted}
+    kwargs["s3_encryption"] = profile_sse(params)  # the profile's mode name as S3 request parameters
     kwargs.update(task_id="render_config", network=network or NETWORK, cluster_name=None,
                   region_name=params["region"], pcluster_conn_id=None, **overrides)
     operator = RenderClusterConfigOperator(**kwargs)

@@ -106,3 +106,22 @@ def test_every_problem_fails_the_run_once_and_names_its_param(s3):
                      "instance_type: trn1.32xlarge is not offered in availability zone id use1-az1"):
         assert expected in message, message
     assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0   # no probe left
+
+
+def test_a_bucket_that_does_not_block_public_access_is_a_warning_not_a_failure(s3, capsys):
+    s3.delete_public_access_block(Bucket="ultracluster-artifacts")
+    result = run(local())
+    missing = "artifacts_s3_uri: bucket ultracluster-artifacts has no public access block"
+    assert [w[:len(missing)] for w in result["warnings"]] == [missing]
+    assert "warning" in capsys.readouterr().out.split(missing)[0].splitlines()[-1]  # in the task log
+
+    flags = dict.fromkeys(("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets"), True)
+    s3.put_public_access_block(Bucket="ultracluster-artifacts",
+                               PublicAccessBlockConfiguration={**flags, "RestrictPublicBuckets": False})
+    assert run(local())["warnings"] == ["artifacts_s3_uri: bucket ultracluster-artifacts does not block all public "
+                                        "access (RestrictPublicBuckets off)"]
+    s3.put_public_access_block(Bucket="ultracluster-artifacts", PublicAccessBlockConfiguration=flags)
+    try:
+        assert run(local())["warnings"] == []
+    finally:
+        s3.delete_public_access_block(Bucket="ultracluster-artifacts")  # the shared moto's bucket as it was

@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import shlex
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,10 +91,38 @@ class ReplayHeadNode:
         if self.unreachable_connects > 0:
             self.unreachable_connects -= 1
             raise HeadNodeUnreachableError("connection refused")
-        yield None
+        yield ReplayConnection(self)
 
     def programs(self) -> list[str]:
         return [program(c) for c in self.calls]
+
+
+class _Stream:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def read(self, n: int = -1) -> bytes:
+        chunk, self.data = (self.data, b"") if n < 0 else (self.data[:n], self.data[n:])
+        return chunk
+
+
+class ReplayConnection:
+    """The trigger's connection: its head-node wait command (remote_commands.wait_job_end) streams
+    nothing and ends its window at once, so the replayed polls decide (tests/integration runs the
+    real command against Slurm)."""
+
+    def __init__(self, head: ReplayHeadNode) -> None:
+        self.head = head
+        self.waits = 0
+
+    async def create_process(self, command, encoding=None):
+        self.head.waits = getattr(self.head, "waits", 0) + 1
+        return types.SimpleNamespace(stdout=_Stream(b""), stderr=_Stream(b"UC_WAIT_END window\n"),
+                                     exit_status=0, wait=_noop, close=lambda: None)
+
+
+async def _noop():
+    return None
 
 
 class DictStore:
@@ -421,6 +450,7 @@ def test_success_result_shape(training_dir):
     assert result == {
         "job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": "/fsx/jobs/run1/train/output_7",
         "log_path": "/fsx/jobs/run1/train/slurm-7.out", "results_path": "/fsx/jobs/run1/train/output_7/results.json",
+        "auto_resume": {"resumes": 0, "steps_lost": 0, "history": []},
     }
     assert {k: ctx["ti"].xcom[SlurmJobLink.key][k] for k in ("job_id", "state", "log_path", "output_dir")} == {
         k: result[k] for k in ("job_id", "state", "log_path", "output_dir")}
@@ -441,7 +471,7 @@ def test_on_kill_cancels_the_job(training_dir):
 
 def trigger(**kwargs) -> SlurmJobTrigger:
     params = dict(head_node=HEAD, ssh_conn_id="ultracluster_head_node", job_id="7", job_dir="/fsx/j",
-                  log_path="/fsx/j/slurm-7.out", poll_interval=0, outage_timeout=60)
+                  log_path="/fsx/j/slurm-7.out", poll_interval=1, outage_timeout=60)
     params.update(kwargs)
     return SlurmJobTrigger(**params)
 
@@ -622,3 +652,18 @@ def test_on_kill_guard_treats_unknown_state_as_a_real_kill(monkeypatch):
     ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="train", map_index=-1)
     assert asyncio.run(slurm_trigger_module.task_is_still_deferred(ti)) is False
     assert asyncio.run(slurm_trigger_module.task_is_still_deferred(None)) is False
+
+
+def test_on_kill_guard_takes_a_hanging_state_read_as_a_real_kill(monkeypatch):
+    """The read has hung past the triggerer's 30 s on_kill limit: bounded, the job is still cancelled."""
+    import time
+
+    from airflow.sdk.execution_time import task_runner
+
+    def hanging(**kwargs):
+        time.sleep(1)  # far past the bound below (asyncio.run waits for the thread at exit)
+        return {"r1": {"train": "deferred"}}
+
+    monkeypatch.setattr(task_runner.RuntimeTaskInstance, "get_task_states", staticmethod(hanging))
+    ti = SimpleNamespace(dag_id="d", run_id="r1", task_id="train", map_index=-1)
+    assert asyncio.run(slurm_trigger_module.task_is_still_deferred(ti, timeout=0.05)) is False

@@ -1,6 +1,7 @@
 """`ultracluster`: trigger, follow and sweep trn1_bert_pretrain runs through Airflow's REST API v2.
 
-Exit codes: 0 success; 1 a run (or a sweep's run) failed or was not followed to its end; 2 an error
+Exit codes: 0 success; 1 a run (or a sweep's run) failed or was not followed to its end, or `reap`
+left an orphan it could not delete; 2 an error
 (bad credentials, unreachable API, a rejected conf or backfill, bad arguments). docs/client.md.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ultracluster.cli.client import (
     CliError,
     local_password,
 )
+from ultracluster.cli.reap import add_parser as add_reap_parser
 from ultracluster.cli.runs import REPORT_DAG, cmd_report, cmd_status, cmd_trigger
 from ultracluster.cli.sweeps import cmd_sweep
 
@@ -100,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--report-dag", default=REPORT_DAG, help=f"the report DAG (default {REPORT_DAG})")
     _follow_options(report)
     report.set_defaults(handler=cmd_report)
+
+    add_reap_parser(commands, shared)
     return parser
 
 

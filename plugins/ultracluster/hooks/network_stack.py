@@ -34,6 +34,11 @@ class NetworkStackHook(CloudFormationHook):
     def describe_stack(self, stack_name: str) -> dict:
         return self.get_conn().describe_stacks(StackName=stack_name)["Stacks"][0]
 
+    def describe_stacks(self) -> list[dict]:
+        """Every stack in the region that is not deleted, with its tags (the reaper's scan)."""
+        paginator = self.get_conn().get_paginator("describe_stacks")
+        return [stack for page in paginator.paginate() for stack in page["Stacks"]]
+
     def stack_owner(self, stack_name: str) -> str | None:
         """Run id tagged on the stack (docs/contracts.md)."""
         return {t["Key"]: t["Value"] for t in self.describe_stack(stack_name).get("Tags") or []}.get(RUN_ID_TAG)

@@ -228,3 +228,49 @@ class SlurmHook(BaseHook):
     async def aread_log_chunk(self, path: str, offset: int, max_bytes: int = 262_144, *, conn=None) -> LogChunk:
         command = remote_commands.read_log_chunk(path, offset, max_bytes)
         return _log_chunk(command, await self._arun(command, conn))
+
+    async def await_job_end(
+        self,
+        job_id: str,
+        log_path: str,
+        log_offset: int,
+        on_output: Callable[[bytes], bool],
+        *,
+        conn: asyncssh.SSHClientConnection,
+        interval_s: float = 1.0,
+        window_s: int = 300,
+    ) -> parse.WaitEnd:
+        """Run ``remote_commands.wait_job_end`` on ``conn``, handing each chunk of the log's new bytes
+        to ``on_output`` as it arrives; ``on_output`` returns False to stop the wait early.
+
+        One command per window on the trigger's connection: the job's end reaches the trigger about
+        ``interval_s`` after Slurm records it, without a round trip per check.
+        """
+        import asyncio
+
+        import asyncssh
+
+        from ultracluster.hooks.head_node import HeadNodeUnreachableError
+
+        command = remote_commands.wait_job_end(job_id, log_path, log_offset, interval_s=interval_s, window_s=window_s)
+        try:
+            process = await conn.create_process(command.shell, encoding=None)
+        except (OSError, asyncssh.Error) as err:
+            raise HeadNodeUnreachableError(f"Lost the head node starting {command}: {err!r}") from err
+        stopped = False
+        try:
+            async with asyncio.timeout(window_s + 120):  # a hung command cannot hold the trigger forever
+                while chunk := await process.stdout.read(65_536):
+                    if not on_output(chunk):
+                        stopped = True
+                        break
+                if stopped:
+                    return parse.WaitEnd("stopped")
+                stderr = await process.stderr.read()
+                await process.wait()
+        except (TimeoutError, OSError, asyncssh.Error) as err:
+            raise HeadNodeUnreachableError(f"Lost the head node during {command}: {err!r}") from err
+        finally:
+            if stopped or process.exit_status is None:
+                process.close()
+        return parse.parse_wait_end(stderr.decode("utf-8", "replace"), remote_commands.WAIT_END_MARKER)

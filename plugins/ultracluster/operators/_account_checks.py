@@ -8,6 +8,7 @@ propagate, so the task retries.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ultracluster.s3_uri import split_s3_uri
@@ -25,22 +26,24 @@ def _deterministic(err: Any) -> bool:
 
 
 def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: str, prices: dict[str, Any],
-                     log: Any) -> list[str]:
+                     log: Any, sse: Mapping[str, str] | None = None) -> list[str]:
     """Every problem AWS reports with the plan's S3 locations, key pair, instance types and quota.
-    ``probe_name``: a file name unique to the run, written and deleted to prove write access."""
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
+    ``probe_name``: a file name unique to the run, written (with ``sse``, the deployment's encryption,
+    so a KMS key the role cannot use shows here) and deleted to prove write access."""
     from ultracluster.hooks.account import AccountHook
+    from ultracluster.hooks.artifacts import ArtifactsS3Hook
+    from ultracluster.operators.checkpoint import resume_problems
 
     from botocore.exceptions import NoCredentialsError, PartialCredentialsError
 
-    s3 = S3Hook(aws_conn_id=aws_conn_id)
+    s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
     try:
         problems = _readable(s3, "dataset_s3_uri", plan.get("dataset_s3_uri"))
         problems += _writable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
         if plan.get("compile_cache_s3_uri"):
             problems += _writable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
+        problems += resume_problems(s3, plan.get("resume_from"))  # operators/checkpoint.py
         problems += _key_pair(ec2, plan.get("key_name"))
         problems += _offerings(ec2, plan)
         problems += _trn_quota(ec2, plan, prices, log)
@@ -86,6 +89,43 @@ def _writable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str
             raise
         return [f"{param}: cannot write to s3://{bucket}/{prefix}: {_code(err) or err}"]
     return []
+
+
+# GetPublicAccessBlock's four flags: all true blocks every kind of public access.
+PUBLIC_ACCESS_FLAGS = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
+
+
+def public_access_warnings(plan: dict[str, Any], aws_conn_id: str | None) -> list[str]:
+    """A line per bucket the run writes to that does not block public access (no configuration, or a
+    flag off). Warnings, not problems: the bucket's owner may mean it, and an account-level block may
+    cover it. A bucket that does not exist is left to ``account_problems``."""
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+    from botocore.exceptions import ClientError
+
+    client = S3Hook(aws_conn_id=aws_conn_id).get_conn()
+    buckets: dict[str, str] = {}
+    for param in ("artifacts_s3_uri", "compile_cache_s3_uri"):
+        try:
+            buckets.setdefault(split_s3_uri(plan.get(param) or "")[0], param)
+        except ValueError:
+            continue
+    warnings = []
+    for bucket, param in buckets.items():
+        try:
+            config = client.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"]
+        except ClientError as err:
+            if not _deterministic(err):
+                raise
+            if _code(err) == "NoSuchPublicAccessBlockConfiguration":
+                warnings.append(f"{param}: bucket {bucket} has no public access block (S3 Block Public Access "
+                                "is not configured on it)")
+            elif _code(err) != "NoSuchBucket":
+                warnings.append(f"{param}: could not read the public access block of bucket {bucket}: {_code(err)}")
+            continue
+        off = [flag for flag in PUBLIC_ACCESS_FLAGS if not config.get(flag)]
+        if off:
+            warnings.append(f"{param}: bucket {bucket} does not block all public access ({', '.join(off)} off)")
+    return warnings
 
 
 def _key_pair(ec2: Any, key_name: str | None) -> list[str]:

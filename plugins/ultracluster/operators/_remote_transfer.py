@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.exceptions import AirflowException
+
 from ultracluster import remote_commands
 
 if TYPE_CHECKING:
@@ -16,11 +18,17 @@ if TYPE_CHECKING:
     from ultracluster.remote_commands import RemoteCommand
 
 
+# Batch of files per curl call: bounded so one stdin config stays small.
+_UPLOAD_BATCH = 32
+
+
 class RemoteTransferMixin:
     ssh_conn_id: str
     head_node: Any
     log: Any
     _pid_file: str | None = None  # set while a transfer of this try runs
+    presigned_url_expiry: int
+    transfer_timeout: float
 
     def run_transfer(self, head_node: HeadNodeHook, command: RemoteCommand, pid_file: str, *, timeout: float) -> None:
         self._pid_file = pid_file
@@ -47,3 +55,29 @@ class RemoteTransferMixin:
             self.log.info("Stopped the remote transfer recorded in %s", pid_file)
         except Exception:
             self.log.exception("Could not stop the remote transfer recorded in %s", pid_file)
+
+    def upload_to_s3(self, head_node: HeadNodeHook, s3: Any, bucket: str, prefix: str,
+                     uploads: list[tuple[str, str]], pid_file: str) -> None:
+        """PUT each (head-node path, key under prefix) straight from the head node, then check every
+        key exists. The presigned URLs go to curl on stdin only. ``s3``: an ArtifactsS3Hook, whose URLs
+        have the server-side encryption headers signed in; curl sends them."""
+        headers = getattr(s3, "upload_headers", None)
+        if headers is None:
+            raise TypeError(f"upload_to_s3 needs an ArtifactsS3Hook (encrypted uploads), got {type(s3).__name__}")
+        for start in range(0, len(uploads), _UPLOAD_BATCH):
+            signed = []
+            for local, rel in uploads[start : start + _UPLOAD_BATCH]:
+                url = s3.generate_presigned_url(
+                    client_method="put_object",
+                    params={"Bucket": bucket, "Key": f"{prefix}/{rel}"},
+                    expires_in=self.presigned_url_expiry,
+                )
+                if not url:
+                    raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
+                signed.append((local, url))
+            self.run_transfer(head_node, remote_commands.upload_files(signed, headers), pid_file,
+                              timeout=self.transfer_timeout)
+        missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
+        if missing:
+            raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
+        self.log.info("Uploaded %d file(s) to s3://%s/%s/", len(uploads), bucket, prefix)

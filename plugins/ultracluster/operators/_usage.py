@@ -66,12 +66,13 @@ def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
 
 def _write_beside_results(op: Any, usage: dict[str, Any]) -> None:
     """usage.json in the run's results folder, and results.json's ``usage`` key."""
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
     from botocore.exceptions import BotoCoreError, ClientError
+
+    from ultracluster.hooks.artifacts import ArtifactsS3Hook
 
     bucket, prefix = split_s3_uri(op.results_uri)
     prefix = prefix.rstrip("/") + "/" if prefix else ""
-    s3 = S3Hook(aws_conn_id=op.aws_conn_id)
+    s3 = ArtifactsS3Hook(aws_conn_id=op.aws_conn_id, sse=op.s3_encryption)
     try:
         s3.load_string(json.dumps(usage, indent=2), key=prefix + USAGE_FILE, bucket_name=bucket, replace=True)
         if s3.check_for_key(prefix + RESULTS_FILE, bucket_name=bucket):

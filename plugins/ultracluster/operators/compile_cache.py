@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException
 from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
+from ultracluster.s3_encryption import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -34,6 +35,7 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         task says so and returns ``{"enabled": False}``.
     :param cache_dir: the shared compile-cache directory on the cluster (COMPILE_CACHE_DIR).
     :param cache_facts: what the key is made of (``compile_cache.cache_facts``).
+    :param s3_encryption: server-side encryption of the saved archive (``s3_encryption.sse_args``).
     Returns ``{"enabled", "key", "s3_uri", "restored"|"saved", "bytes"}``.
     """
 
@@ -52,9 +54,11 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         presigned_url_expiry: int = 6 * 3600,
         transfer_timeout: float = 3 * 3600,
+        s3_encryption: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)  # of the saved archive
         if action not in ("restore", "save"):
             raise ValueError(f"action must be 'restore' or 'save', got {action!r}")
         self.action = action
@@ -68,9 +72,8 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
         from ultracluster.compile_cache import cache_facts, cache_key, cache_object, compiler_version
+        from ultracluster.hooks.artifacts import ArtifactsS3Hook
         from ultracluster.hooks.head_node import HeadNodeHook
 
         if not self.compile_cache_s3_uri:
@@ -83,7 +86,7 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         bucket, object_key = cache_object(self.compile_cache_s3_uri, key)
         result = {"enabled": True, "key": key, "s3_uri": f"s3://{bucket}/{object_key}"}
         self.log.info("Compile cache key %s (%s)", key, ", ".join(f"{k}={v}" for k, v in sorted(facts.items())))
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
         head_node = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
         tar_path = posixpath.join(posixpath.dirname(self.cache_dir.rstrip("/")), f".ultracluster-cache-{key}.tar")
         pid_file = tar_path + ".pid"
@@ -124,7 +127,7 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
                                         expires_in=self.presigned_url_expiry)
         if not url:
             raise AirflowException(f"Could not presign s3://{bucket}/{object_key}")
-        self.run_transfer(head_node, remote_commands.upload_files([(tar_path, url)]), pid_file,
+        self.run_transfer(head_node, remote_commands.upload_files([(tar_path, url)], s3.upload_headers), pid_file,
                           timeout=self.transfer_timeout)
         self.log.info("Saved %d bytes of compile cache from %s to s3://%s/%s", size, self.cache_dir, bucket, object_key)
         return {"saved": True, "bytes": size}

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from ultracluster.links import ClusterConfigLink
+from ultracluster.s3_encryption import check_sse
 from ultracluster.s3_uri import split_s3_uri
-from ultracluster.tags import NODES_TAG, ownership_tags
+from ultracluster.tags import DEFAULT_RESOURCE_TTL_HOURS, NODES_TAG, run_tags, s3_tagging
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -216,7 +217,7 @@ class RenderClusterConfigOperator(BaseOperator):
         "network", "cluster_name", "region_name", "key_name", "image_os", "head_node_instance_type", "instance_type",
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
         "artifacts_s3_uri", "dataset_s3_uri", "compile_cache_s3_uri", "extra_tags",
-        "custom_ami", "log_retention_days",
+        "custom_ami", "log_retention_days", "resource_ttl_hours",
     )
     operator_extra_links = (ClusterConfigLink(),)
     ui_color = "#d9e8f5"
@@ -248,9 +249,13 @@ class RenderClusterConfigOperator(BaseOperator):
         aws_conn_id: str | None = "aws_default",
         pcluster_conn_id: str | None = "pcluster_default",
         suppress_validators: list[str] | None = None,
+        resource_ttl_hours: Any = DEFAULT_RESOURCE_TTL_HOURS,
+        s3_encryption: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)  # both uploads (docs/operations.md, "Encryption")
+        self.resource_ttl_hours = resource_ttl_hours  # the cluster's and the script's expires-at
         self.network = network
         self.cluster_name = cluster_name
         self.region_name = region_name
@@ -285,7 +290,7 @@ class RenderClusterConfigOperator(BaseOperator):
         queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues)
         # The most nodes the cluster can hold: what the deployment's node cap counts (tags.NODES_TAG).
         nodes = sum(int(q["max_nodes"]) for q in queues)
-        tags = {**(self.extra_tags or {}), **ownership_tags(context["dag"].dag_id, context["run_id"]), NODES_TAG: nodes}
+        tags = {**(self.extra_tags or {}), **run_tags(context, self.resource_ttl_hours), NODES_TAG: nodes}
         network = self.network or {}
         return {
             "region": self.region_name,
@@ -327,13 +332,17 @@ class RenderClusterConfigOperator(BaseOperator):
         validate_cluster_config(rendered, self.schema_path or _include("cluster", "cluster-config.schema.json"))
         self.log.info("Cluster config for %s:\n%s", template_context["cluster_name"], rendered)
 
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        from ultracluster.hooks.artifacts import ArtifactsS3Hook
 
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
         from ultracluster.neuron_versions import render_on_node_configured
 
+        # The script is the run's S3 scratch (needed only while the cluster boots nodes): tagged
+        # so that the reaper can delete it once the run has ended.
+        scratch = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption,
+                                  extra_args={"Tagging": s3_tagging(run_tags(context, self.resource_ttl_hours))})
         # Only the script reaches the nodes: it goes up with the pinned Neuron versions rendered in.
-        s3.load_string(
+        scratch.load_string(
             render_on_node_configured(self.on_node_configured_path or _include("cluster", "on_node_configured.sh")),
             key=script_key, bucket_name=bucket, replace=True,
         )

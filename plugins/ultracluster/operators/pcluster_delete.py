@@ -1,7 +1,7 @@
 """delete_cluster: the teardown of pcluster_create, then what the cluster cost, from EC2."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -11,6 +11,7 @@ from ultracluster.links import ParallelClusterStackLink
 from ultracluster.operators._usage import record_usage
 from ultracluster.operators.pcluster import _ClusterWaitMixin, _region_from_arn
 from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS
+from ultracluster.s3_encryption import check_sse
 from ultracluster.tags import cluster_owner
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     :param aws_conn_id: EC2 (describe-instances) and S3.
     :param results_uri: the run's results folder (collect_results' ``artifacts_uri``); None: XCom only.
     :param fsx_storage_capacity_gib: FSx for Lustre billed over the head node's life; None: no FSx.
+    :param s3_encryption: server-side encryption of usage.json and results.json (``s3_encryption.sse_args``).
     """
 
     template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib")
@@ -49,9 +51,11 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         poll_interval: float = 30,
         max_attempts: int = 120,
         max_delete_attempts: int = 3,
+        s3_encryption: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)
         self.cluster_name = cluster_name
         self.aws_conn_id = aws_conn_id
         self.results_uri = results_uri

@@ -3,19 +3,21 @@
 It fixes the run's plan (the params with its sweep point applied; every later task reads the plan),
 checks the cross-field rules once, the tags, and what AWS can tell (``_account_checks``: the dataset
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
-id, the Trn vCPU quota), estimates the cost and enforces ``max_cost_usd``. Every problem found goes
-into one error naming each param; such failures are the conf's own and fail the task at once,
-without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
+id, the Trn vCPU quota; a bucket without a public access block is a warning), estimates the cost
+and enforces ``max_cost_usd``. Every problem found goes into one error naming each param; such
+failures are the conf's own and fail the task at once, without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
+
+from ultracluster.s3_encryption import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -23,19 +25,25 @@ if TYPE_CHECKING:
 
 class PreflightOperator(BaseOperator):
     """
-    Return ``{"plan": {...}, "estimate": {...}}`` (docs/contracts.md, "Scaling sweeps").
+    Return ``{"plan": {...}, "estimate": {...}, "warnings": [...]}`` (docs/contracts.md, "Scaling
+    sweeps"); ``warnings``: what preflight found worth a look but not a failure (a bucket that does not
+    block public access), also in the task log.
 
     :param schedule_period: the DAG's tick length; a backfilled sweep run picks its point from
         the tick index of its logical date.
     :param artifacts_s3_uri: where a sweep run is indexed (``sweeps/<dag_id>/<sweep_id>/runs/``).
+    :param s3_encryption: server-side encryption of the write probe and the sweep index
+        (``s3_encryption.sse_args``; None: SSE-S3).
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
     ui_color = "#e8f1d4"
 
     def __init__(self, *, schedule_period: timedelta, artifacts_s3_uri: str, max_cost_usd: Any = None,
-                 aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+                 aws_conn_id: str | None = "aws_default", s3_encryption: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)
         self.schedule_period = schedule_period
         self.artifacts_s3_uri = artifacts_s3_uri
         self.max_cost_usd = max_cost_usd
@@ -43,7 +51,7 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         from ultracluster.cost import PriceError, estimate, load_prices
-        from ultracluster.operators._account_checks import account_problems
+        from ultracluster.operators._account_checks import account_problems, public_access_warnings
         from ultracluster.operators.config import ConfigValidationError, safe_run_id, validate_pipeline_params
         from ultracluster.sweep import SweepError, describe_point, run_plan
         from ultracluster.tags import tag_problems
@@ -67,7 +75,7 @@ class PreflightOperator(BaseOperator):
             problems.append(str(err))
         problems += tag_problems(plan.get("extra_tags"))
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
-                                     self.log)
+                                     self.log, sse=self.s3_encryption)
         if problems:
             raise AirflowFailException(f"preflight found {len(problems)} problem(s), nothing was created:\n- "
                                        + "\n- ".join(problems))
@@ -82,9 +90,12 @@ class PreflightOperator(BaseOperator):
                 f"max_cost_usd: the estimate ${expected['usd']:.2f} exceeds the limit ${limit:.2f}; "
                 "lower num_nodes or steps_this_run, or raise max_cost_usd"
             )
+        warnings = public_access_warnings(plan, self.aws_conn_id)
+        for warning in warnings:
+            self.log.warning("%s", warning)
         if point:
             self._index(context, plan, expected)
-        return {"plan": plan, "estimate": expected}
+        return {"plan": plan, "estimate": expected, "warnings": warnings}
 
     def _max_cost(self) -> float | None:
         if self.max_cost_usd in (None, "", "None"):
@@ -96,9 +107,8 @@ class PreflightOperator(BaseOperator):
 
     def _index(self, context: Context, plan: dict, expected: dict) -> None:
         """Record this run under its sweep, where the scaling report finds it."""
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
         from ultracluster.clock import utc_now
+        from ultracluster.hooks.artifacts import ArtifactsS3Hook
         from ultracluster.operators.config import safe_run_id
         from ultracluster.sweep import sweep_location
 
@@ -108,5 +118,6 @@ class PreflightOperator(BaseOperator):
         key = f"{prefix}/runs/{safe_run_id(run_id)}.json"
         entry = {"dag_id": dag_id, "run_id": run_id, "point": point, "plan": plan, "estimate": expected,
                  "written_at": utc_now()}
-        S3Hook(aws_conn_id=self.aws_conn_id).load_string(json.dumps(entry, default=str), key, bucket, replace=True)
+        ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption).load_string(
+            json.dumps(entry, default=str), key, bucket, replace=True)
         self.log.info("Sweep %s indexed at s3://%s/%s", point["id"], bucket, key)

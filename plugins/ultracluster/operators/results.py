@@ -24,6 +24,7 @@ from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 from ultracluster.links import S3ResultsLink, SweepReportLink
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
 from ultracluster.parsers.files import parse_file_listing
+from ultracluster.s3_encryption import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 _NODE_LOG = re.compile(r"(^|/)log_[^/]*$")
 _CHECKPOINT = re.compile(r"(ckpt|checkpoint)|\.(pt|pth|bin|safetensors)$", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
-# Batch of files per curl call: bounded so one stdin config stays small.
-_UPLOAD_BATCH = 32
 
 
 def _metric_values(metrics: Sequence[Mapping[str, Any]], name: str) -> list[float]:
@@ -172,6 +171,7 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
     :param artifacts_s3_uri: ``s3://bucket[/prefix]``; files go under
         ``<prefix>/results/<dag_id>/<safe run id>/`` (the config's run slug).
     :param aws_conn_id: S3Hook connection.
+    :param s3_encryption: server-side encryption of every upload (``s3_encryption.sse_args``; None: SSE-S3).
     :param ssh_conn_id: SSH connection of the head node.
     :param num_nodes: nodes of the run (else read from results.json).
     :param scaling_mode: ``strong``/``weak`` (else read from results.json).
@@ -193,9 +193,11 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         scaling_mode: str | None = None,
         presigned_url_expiry: int = 6 * 3600,
         transfer_timeout: float = 6 * 3600,
+        s3_encryption: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)
         self.head_node = head_node
         self.train = train
         self.artifacts_s3_uri = artifacts_s3_uri
@@ -217,8 +219,7 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
             raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
+        from ultracluster.hooks.artifacts import ArtifactsS3Hook
         from ultracluster.hooks.head_node import HeadNodeHook
 
         if not isinstance(self.train, Mapping) or not self.train.get("output_dir"):
@@ -240,7 +241,7 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         except ValueError as err:
             raise AirflowException(f"Cannot read metrics from {results_path}: {err}") from err
         metrics["job_id"] = self.train.get("job_id")
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
         # The folder is linked before the upload: a failed one leaves what it put there to look at.
         S3ResultsLink.persist(context=context, region_name=s3.conn_region_name, bucket=bucket, prefix=prefix)
         sweep = metrics.get("sweep")
@@ -264,20 +265,4 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         return metrics
 
     def _upload(self, head_node, s3, bucket: str, prefix: str, uploads: list[tuple[str, str]], pid_file: str) -> None:
-        for start in range(0, len(uploads), _UPLOAD_BATCH):
-            batch = uploads[start : start + _UPLOAD_BATCH]
-            signed = []
-            for local, rel in batch:
-                url = s3.generate_presigned_url(
-                    client_method="put_object",
-                    params={"Bucket": bucket, "Key": f"{prefix}/{rel}"},
-                    expires_in=self.presigned_url_expiry,
-                )
-                if not url:
-                    raise AirflowException(f"Could not presign s3://{bucket}/{prefix}/{rel}")
-                signed.append((local, url))
-            self.run_transfer(head_node, remote_commands.upload_files(signed), pid_file, timeout=self.transfer_timeout)
-        missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
-        if missing:
-            raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
-        self.log.info("Uploaded %d file(s) to s3://%s/%s/", len(uploads), bucket, prefix)
+        self.upload_to_s3(head_node, s3, bucket, prefix, uploads, pid_file)

@@ -4,7 +4,8 @@ Idempotency: the job name is derived from dag_id/run_id/task_id (+ map index) an
 in ``--comment``. Before submitting, the operator looks for the job id kept in the task state store
 (only if Slurm reports that id under this task's job name: a rebuilt cluster reuses ids), then for
 a live or recently finished job of that name (``squeue --states all``), and reattaches to it; only a
-failed earlier job (or none) leads to a new submission.
+failed earlier job (or none) leads to a new submission. A node fault may instead resume the job
+(``_slurm_resume``): the resumed job has the same name, so the same reattach finds it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from ultracluster.clock import iso as _iso
 from ultracluster.clock import utc_now
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
 from ultracluster.links import SlurmJobLink
+from ultracluster.notifications import notify_budget_stop
+from ultracluster.operators._slurm_compile import SlurmCompileFactsMixin
 from ultracluster.operators._slurm_reattach import STATE_KEY_JOB_ID, SlurmReattachMixin
+from ultracluster.operators._slurm_resume import SlurmAutoResumeMixin, resume_attempts, resume_summary
 from ultracluster.operators.config import node_count
 
 if TYPE_CHECKING:
@@ -49,7 +53,7 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
+class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFactsMixin, BaseOperator):
     """Submit ``sbatch --exclusive --nodes N --wrap "srun [launcher] <run script>"`` and wait for it.
 
     :param head_node: the dict wait_for_fleet returned (address, pinned host key, partition).
@@ -78,6 +82,12 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
     :param budget: ``{"max_usd", "usd_per_hour", "since"}``; a null ``max_usd`` turns it off. The
         trigger cancels the job once its progress projects the run's cost past ``max_usd``, and the
         task fails at once (no retry: a retry would only spend more).
+    :param auto_resume_attempts: resumes after node faults (``parsers.slurm.is_node_fault``): the task
+        waits for the fleet (the wait_for_fleet trigger), then resubmits from the newest checkpoint.
+        0 = off: a node fault fails the task like any other failure.
+    :param pcluster_conn_id: ParallelCluster connection of an auto-resume's fleet wait.
+    :param region_name: region of that cluster (None: the connection's).
+    :param resume_fleet_timeout: seconds an auto-resume waits for the fleet before the task fails.
     """
 
     template_fields: Sequence[str] = (
@@ -91,6 +101,8 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         "job_name",
         "partition",
         "budget",
+        "auto_resume_attempts",
+        "region_name",
     )
     ui_color = "#d4e6f1"
     operator_extra_links = (SlurmJobLink(),)
@@ -119,9 +131,17 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
         budget: Mapping[str, Any] | None = None,
+        auto_resume_attempts: int | str = 0,
+        pcluster_conn_id: str = "pcluster_default",
+        region_name: str | None = None,
+        resume_fleet_timeout: float = 3600,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.auto_resume_attempts = auto_resume_attempts
+        self.pcluster_conn_id = pcluster_conn_id
+        self.region_name = region_name
+        self.resume_fleet_timeout = float(resume_fleet_timeout)
         self.budget = budget
         self.head_node = head_node
         self.job_dir = job_dir
@@ -167,6 +187,8 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         if not isinstance(self.head_node, Mapping):
             raise ValueError(f"head_node must be the dict wait_for_fleet returns, got {type(self.head_node).__name__}")
         self.num_nodes = node_count(self.num_nodes)
+        if resume_attempts(self.auto_resume_attempts) and not self.head_node.get("cluster_name"):
+            raise ValueError("auto_resume_attempts needs head_node['cluster_name'] (wait_for_fleet's XCom)")
         if not posixpath.isabs(self.job_dir):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
         if not isinstance(self.extra_job_env, Mapping):
@@ -188,14 +210,14 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
             ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), label=self.job_name
         )
 
-    def _sbatch_args(self, job_name: str, run_id: str) -> dict[str, Any]:
+    def _sbatch_args(self, job_name: str, run_id: str, job_env: Mapping[str, str] | None = None) -> dict[str, Any]:
         args = dict(
             job_dir=self.job_dir,
             script_path=posixpath.join(self.job_dir, self.run_script),
             num_nodes=self.num_nodes,
             job_name=job_name,
             comment=f"ultracluster run_id={run_id}",
-            job_env=self.job_env,
+            job_env=self.job_env if job_env is None else job_env,
             launcher=self.launcher,
             launcher_dirs=self._launcher_dirs(),
             launcher_fallback_env=self.launcher_fallback_env,
@@ -234,7 +256,15 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         self._validate()
         job_name = self._slurm_job_name(context)
-        job_id = self.find_existing_job(context, job_name) or self.submit(context, job_name)
+        job_id = self.find_existing_job(context, job_name)
+        if job_id is None and self._pending_resume(context):
+            job_id = self.submit_resume(context, job_name)  # the worker died between its two records
+        elif job_id is None:
+            self._save_resume_record(context, {"resumes": []})  # a fresh start: no resumes behind it
+            job_id = self.submit(context, job_name)
+        return self._wait(context, job_id, job_name)
+
+    def _wait(self, context: Context, job_id: str, job_name: str) -> dict[str, Any]:
         self._job_id = job_id
         self._persist_job_link(context, job_id, job_name)  # before the deferral: the link shows while it waits
         store = context.get("task_state_store")
@@ -304,14 +334,18 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
         log_path = self._log_path(job_id)
         if event.get("status") in ("budget", "host_key_mismatch"):  # deterministic: no retry
+            notify_budget_stop(context, event)  # mail/Slack when the budget guard cancelled the job
             raise AirflowFailException(str(event.get("message")))
         if event.get("status") != "success":
+            from ultracluster.parsers import slurm as parse_slurm
             from ultracluster.parsers.progress import error_reasons
 
             message = self._failure_message(event, log_path)
             reasons = error_reasons(message)
-            if reasons:   # the run script's own checks: deterministic, so no retry
+            if reasons:   # the run script's own checks: deterministic, so no retry (nor resume)
                 raise AirflowFailException(f"The job refused its input (UC_ERROR): {'; '.join(reasons)}\n{message}")
+            if event.get("status") == "failed" and parse_slurm.is_node_fault(event.get("state"), event.get("reason")):
+                return self.node_fault(context, event, message)
             raise AirflowException(message)
         output_dir = posixpath.join(self._output_root(), f"output_{job_id}")
         result = {
@@ -324,6 +358,7 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
             # The task's span, submission to end seen (the scaling report's idle fleet time).
             "started_at": _iso(getattr(context.get("ti"), "start_date", None)),
             "ended_at": utc_now(),
+            "auto_resume": resume_summary(self._resume_record(context)),
         }
         if self.launcher:
             result["launch"] = self._launch_mode(job_id)
@@ -336,30 +371,6 @@ class SlurmJobOperator(SlurmReattachMixin, BaseOperator):
         python = self.job_env.get("TRAINING_PYTHON") or ""
         first = [posixpath.dirname(python)] if posixpath.isabs(python) else []
         return list(dict.fromkeys([*first, *self.launcher_dirs]))
-
-    def _compile_cache_stats(self, results_path: str) -> dict[str, Any] | None:
-        """The compile job's cache hits and misses, from its results.json (None when unreadable)."""
-        text = self.hook.head_node_hook.check(remote_commands.read_file(results_path)).stdout
-        try:
-            metrics = json.loads(text)["results"]["metrics"]
-        except (ValueError, KeyError, TypeError):
-            self.log.warning("No readable results.json at %s: compile cache figures unknown", results_path)
-            return None
-        stats = {m["MetricName"]: m for m in metrics if str(m.get("MetricName", "")).startswith("Compile cache")}
-        hits, misses = stats.get("Compile cache hits", {}), stats.get("Compile cache misses", {})
-        figures = {"backend": (hits.get("AdditionalData") or {}).get("backend"),
-                   "hits": hits.get("MeasuredValue"), "misses": misses.get("MeasuredValue")}
-        self.log.info("Compile cache: backend=%s hits=%s misses=%s", *figures.values())
-        return figures
-
-    def _launch_mode(self, job_id: str) -> dict[str, str | None]:
-        """What the job ran under, from the ``slurm-<id>.launch`` marker its wrap wrote."""
-        from ultracluster.parsers.progress import parse_launch
-
-        text = self.hook.tail_log(remote_commands.job_file(self.job_dir, job_id, "launch"), lines=5)
-        launch = parse_launch(text)
-        self.log.info("Compile mode: %s%s", launch["mode"], f" ({launch['path']})" if launch.get("path") else "")
-        return launch
 
     def _failure_message(self, event: Mapping[str, Any], log_path: str) -> str:
         state = event.get("state") or event.get("status")

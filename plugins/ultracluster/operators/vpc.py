@@ -20,7 +20,7 @@ from ultracluster.parsers.pcluster import (
     CREATE_COMPLETE, DELETE_COMPLETE, DELETE_FAILED, DELETE_IN_PROGRESS, STACK_CREATE_FAILED, STACK_IN_PROGRESS,
     UPDATE_COMPLETE,
 )
-from ultracluster.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
+from ultracluster.tags import DAG_ID_TAG, DEFAULT_RESOURCE_TTL_HOURS, RUN_ID_TAG, run_tags
 from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 
 if TYPE_CHECKING:
@@ -121,20 +121,23 @@ class CreateVpcStackOperator(_NetworkStackOperator):
 
     :param existing_network: ``{"public_subnet_id", "private_subnet_id", ["security_group_id"]}``
         to reuse instead of creating; None creates the stack.
+    :param resource_ttl_hours: the stack's ``ultracluster:expires-at`` is the run's start plus this
+        (what the reaper goes by when the run is gone).
     """
 
     template_fields: Sequence[str] = aws_template_fields(
-        "stack_name", "availability_zone_id", "existing_network", "tags",
+        "stack_name", "availability_zone_id", "existing_network", "tags", "resource_ttl_hours",
     )
 
     def __init__(self, *, stack_name: str, availability_zone_id: str, existing_network: dict | None = None,
                  tags: dict[str, str] | None = None, template_path: str | None = None,
-                 **kwargs: Any) -> None:
+                 resource_ttl_hours: Any = DEFAULT_RESOURCE_TTL_HOURS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stack_name = stack_name
         self.availability_zone_id = availability_zone_id
         self.existing_network = existing_network
         self.tags = tags or {}
+        self.resource_ttl_hours = resource_ttl_hours
         self.template_path = template_path
 
     def execute(self, context: Context) -> dict:
@@ -177,7 +180,7 @@ class CreateVpcStackOperator(_NetworkStackOperator):
     def _create(self, context: Context) -> None:
         template = Path(self.template_path or default_vpc_template()).read_text()
         availability_zone = self.hook.describe_availability_zone(self.availability_zone_id)
-        tags = {**self.tags, **ownership_tags(context["dag"].dag_id, context["run_id"])}
+        tags = {**self.tags, **run_tags(context, self.resource_ttl_hours)}
         self.log.info("Creating stack %s in %s (%s)", self.stack_name, availability_zone, self.availability_zone_id)
         self.hook.create_stack(self.stack_name, {
             "TemplateBody": template,

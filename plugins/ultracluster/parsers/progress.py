@@ -7,6 +7,7 @@ its own Slurm log keeps them all. ``ProgressThrottle`` picks the few a task log 
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -152,3 +153,14 @@ class ProgressThrottle:
         line, progress = self._pending
         due = self.every_steps is None and (self._logged_at is None or now - self._logged_at >= self.interval_s)
         return self._take(line, progress, now) if final or due else []
+
+
+_CHECKPOINT = re.compile(r"^ckpt_(\d+)\.pt$")
+
+
+def newest_checkpoint(listing: str) -> int | None:
+    """Step of the newest complete checkpoint in ``remote_commands.list_files`` output of a
+    ``checkpoints/`` directory (``ckpt_<step>.pt``; the ``.tmp`` of a save in progress is not one)."""
+    steps = [int(m.group(1)) for line in listing.splitlines()
+             if (m := _CHECKPOINT.match(line.strip().split(" ", 1)[-1]))]
+    return max(steps, default=None)

@@ -35,6 +35,17 @@ FAILURE_STATES = frozenset(
 )
 TERMINAL_STATES = SUCCESS_STATES | FAILURE_STATES
 
+# Node faults, the failures auto-resume answers (docs/operations.md, "Auto-resume"): the job lost a
+# node (NODE_FAIL), its nodes never booted (BOOT_FAIL), or it ended otherwise while Slurm gives a
+# node going down as the reason (Reason=NodeDown). Anything else, and any UC_ERROR, is the job's own.
+NODE_FAULT_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+NODE_FAULT_REASONS = frozenset({"NodeDown"})
+
+
+def is_node_fault(state: str | None, reason: str | None = None) -> bool:
+    """Did the job end because of a node, not of its own doing?"""
+    return base_state(state or "") in NODE_FAULT_STATES or (reason or "").strip() in NODE_FAULT_REASONS
+
 
 class SlurmParseError(ValueError):
     """Slurm printed something the parser does not understand."""
@@ -359,3 +370,19 @@ def parse_exit_marker(text: str) -> int | None:
     """srun's exit code as the batch script wrote it to ``slurm-<id>.exit``; None when absent."""
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else None
+
+
+@dataclass(frozen=True)
+class WaitEnd:
+    """Why the head-node wait command (``remote_commands.wait_job_end``) returned."""
+
+    reason: str  # "job-ended", "window", "log-shrank", or "lost" when the command died without saying
+    state: str | None = None  # the job's squeue state at the end ("GONE": slurmctld no longer lists it)
+
+
+def parse_wait_end(stderr: str, marker: str = "UC_WAIT_END") -> WaitEnd:
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(marker + " "):
+            words = line.split()
+            return WaitEnd(words[1], words[2] if len(words) > 2 else None)
+    return WaitEnd("lost")

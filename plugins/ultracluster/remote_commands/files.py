@@ -184,15 +184,16 @@ def remove_files(*paths: str) -> RemoteCommand:
 # ---------------------------------------------------------------------------------- artifacts
 
 
-def upload_files(uploads: Sequence[tuple[str, str]]) -> RemoteCommand:
+def upload_files(uploads: Sequence[tuple[str, str]], headers: Sequence[tuple[str, str]] = ()) -> RemoteCommand:
     """PUT each local (head-node) file to its presigned URL with one curl; URLs go on stdin.
 
     Data goes head node -> S3 directly: checkpoints can be large and must not travel through the
-    Airflow worker.
+    Airflow worker. ``headers`` go with every PUT: a URL presigned with server-side encryption has
+    them signed in, and S3 refuses the PUT without them.
     """
     if not uploads:
         raise ValueError("Nothing to upload")
-    entries: list[tuple[str, str]] = []
+    entries: list[tuple[str, str]] = [("header", f"{name}: {value}") for name, value in headers]
     for local_path, url in uploads:
         entries += [("upload-file", local_path), ("url", url)]
     return RemoteCommand(

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from ultracluster.links import SweepReportLink
 from ultracluster.report.records import XCOM_TASKS, parse_time, run_record
+from ultracluster.s3_encryption import check_sse
 from ultracluster.sweep import sweep_location
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class ScalingReportOperator(BaseOperator):
     lists each ``{"sweep_id", "uri"}``. Each outlet gets ``{"sweep_id", "uri"}`` as its event extra.
 
     :param aws_conn_id: S3Hook connection.
+    :param s3_encryption: server-side encryption of the report's files (``s3_encryption.sse_args``).
     :param poll_interval: seconds between looks while runs tear down.
     :param teardown_wait: seconds to wait for teardowns at most, then skip (or report, if partial).
     :param state_lookup: ``(dag_id, run_id) -> state``; default: the API server's.
@@ -122,8 +124,10 @@ class ScalingReportOperator(BaseOperator):
 
     def __init__(self, *, aws_conn_id: str | None = "aws_default", poll_interval: float = 60,
                  teardown_wait: float = 3600, state_lookup: StateLookup | None = None,
-                 xcom_lookup: XComLookup | None = None, **kwargs: Any) -> None:
+                 xcom_lookup: XComLookup | None = None, s3_encryption: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.s3_encryption = check_sse(s3_encryption)
         self.aws_conn_id = aws_conn_id
         self.poll_interval = poll_interval
         self.teardown_wait = teardown_wait
@@ -131,9 +135,8 @@ class ScalingReportOperator(BaseOperator):
         self.xcom_lookup = xcom_lookup or run_xcoms
 
     def execute(self, context: Context, event: Any = None, waiting_since: str | None = None) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
         from ultracluster.cost import load_prices
+        from ultracluster.hooks.artifacts import ArtifactsS3Hook
 
         params = context["params"]
         source = params.get("source_dag_id") or DEFAULT_SOURCE_DAG_ID
@@ -141,7 +144,7 @@ class ScalingReportOperator(BaseOperator):
         if not sweeps:
             raise AirflowSkipException("No sweep to report: set the sweep_id param, or trigger from a results "
                                        "event of a sweep run (its extra 'sweep' is null outside sweeps)")
-        s3, prices = S3Hook(aws_conn_id=self.aws_conn_id), load_prices()
+        s3, prices = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption), load_prices()
         reports, skipped, tearing_down = [], {}, []
         for sweep_id, root in sweeps.items():
             root = root or params["artifacts_s3_uri"]
@@ -210,9 +213,8 @@ class ScalingReportOperator(BaseOperator):
             png, markdown = plot_png(report), render_markdown(report)
             bodies = {"report.md": markdown.encode(), "report.html": render_html(report, png).encode(),
                       "report.json": report_json(report).encode(), "throughput.png": png}
-            client = s3.get_conn()
             for name, body in bodies.items():
-                client.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=body, ContentType=FILES[name])
+                s3.put_object(bucket, f"{prefix}/{name}", body, FILES[name])
             uri = f"s3://{bucket}/{prefix}/"
             self.log.info("Scaling report of sweep %s: %s\n%s", report["sweep_id"], uri, markdown)
             published.append({"sweep_id": report["sweep_id"], "uri": uri, "markdown": markdown,

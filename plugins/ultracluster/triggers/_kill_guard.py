@@ -5,12 +5,18 @@ import asyncio
 from typing import Any
 
 
-async def task_is_still_deferred(task_instance: Any) -> bool:
+# Bound on the state read: the triggerer gives on_kill 30 s in all, and the read has been seen to hang
+# past that on Airflow 3.3.2 (no answer through the triggerer's comms), so the job was never cancelled.
+STATE_READ_TIMEOUT_S = 5.0
+
+
+async def task_is_still_deferred(task_instance: Any, timeout: float = STATE_READ_TIMEOUT_S) -> bool:
     """True when the task instance is still deferred, i.e. on_kill fired without a user kill.
 
     Works around an upstream bug where moving a trigger to another triggerer also calls on_kill:
     a user's mark-failed/success or clear changes the state first, a move does not. When the
-    state cannot be read, return False (the kill is taken as real: the user asked for it).
+    state cannot be read, or not within ``timeout``, return False (the kill is taken as real: the
+    user asked for it).
     """
     if task_instance is None:
         return False
@@ -21,14 +27,14 @@ async def task_is_still_deferred(task_instance: Any) -> bool:
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
         # Sync SDK call through the triggerer's comms: run it off the event loop thread.
-        states = await asyncio.to_thread(
+        states = await asyncio.wait_for(asyncio.to_thread(
             RuntimeTaskInstance.get_task_states,
             dag_id=task_instance.dag_id,
             task_ids=[task_instance.task_id],
             run_ids=[task_instance.run_id],
             map_index=map_index,
-        )
-    except Exception:
+        ), timeout=timeout)
+    except Exception:  # TimeoutError included
         return False
     # The execution API keys mapped instances as "<task_id>_<map_index>".
     key = task_instance.task_id if map_index < 0 else f"{task_instance.task_id}_{map_index}"

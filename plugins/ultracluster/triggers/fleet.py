@@ -126,6 +126,9 @@ class ComputeFleetTrigger(BaseTrigger):
     :param poke_interval: seconds between checks.
     :param region_name: AWS region for ParallelClusterHook (None: the connection's).
     :param stuck_after_s: fail when, the job not runnable yet, nodes stay down or not responding this long.
+    :param keep_host_key: ``host_key`` was pinned by an earlier task for this cluster (train's
+        auto-resume): use it as is, never make first contact again; a recreated cluster then fails
+        on the key instead of being trusted anew.
     """
 
     def __init__(
@@ -142,8 +145,10 @@ class ComputeFleetTrigger(BaseTrigger):
         poke_interval: float = 30,
         region_name: str | None = None,
         stuck_after_s: float = 600,
+        keep_host_key: bool = False,
     ) -> None:
         super().__init__()
+        self.keep_host_key = bool(keep_host_key)
         self.stuck_after_s = float(stuck_after_s)
         self._unusable_since: dict[str, float] = {}
         self.cluster_name = cluster_name
@@ -172,6 +177,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 "poke_interval": self.poke_interval,
                 "region_name": self.region_name,
                 "stuck_after_s": self.stuck_after_s,
+                "keep_host_key": self.keep_host_key,
             },
         )
 
@@ -196,7 +202,9 @@ class ComputeFleetTrigger(BaseTrigger):
             return verdict, reason, None
         address = head_node_address(description)
         identity = cluster_identity(description)
-        if self.host_key is not None and self.host_key_cluster != identity:
+        if self.keep_host_key and not self.host_key:
+            return FAIL, "keep_host_key needs a pinned host_key", None
+        if self.host_key is not None and self.host_key_cluster != identity and not self.keep_host_key:
             # Pinned for an earlier cluster of this name (a cleared setup rebuilt it): not this one's key.
             self.log.info("Cluster %s was recreated (%s); making first contact again", self.cluster_name, identity)
             self.host_key = None

@@ -1,6 +1,8 @@
 """Waits for a Slurm job on the head node, streaming its progress lines into the task log.
 
-One asyncssh connection (providers-ssh SSHHookAsync, host key pinned) serves the whole poll loop.
+One asyncssh connection (providers-ssh SSHHookAsync, host key pinned) serves the whole wait: a
+long-lived command on the head node checks the job about once a second and streams the log
+(``SlurmHook.await_job_end``), so the job's end is seen within about a second, without polls.
 An unreachable head node is retried with backoff for up to ``outage_timeout`` seconds; only a host
 key mismatch or a longer outage ends the trigger with an error event.
 """
@@ -38,7 +40,10 @@ class SlurmJobTrigger(BaseTrigger):
     :param job_dir: job directory on shared storage (holds the exit marker).
     :param log_path: the job's Slurm output file.
     :param log_offset: byte offset already streamed (carried across deferrals and retries).
-    :param poll_interval: seconds between polls.
+    :param poll_interval: seconds between the head node's local checks of the job (one ``squeue`` of
+        this job each), so the job's end reaches the trigger about this long after Slurm records it.
+    :param wait_window_s: the head-node wait command runs at most this long before the trigger reads
+        the job's status itself and starts another, on the same connection.
     :param outage_timeout: seconds the head node may stay unreachable before giving up.
     :param progress_log_interval_s: at most one ``UC_PROGRESS`` line per this many seconds in the
         task log (the job's own log keeps every line).
@@ -57,7 +62,8 @@ class SlurmJobTrigger(BaseTrigger):
         job_name: str | None = None,
         log_path: str,
         log_offset: int = 0,
-        poll_interval: float = 30,
+        poll_interval: float = 1,
+        wait_window_s: int = 300,
         outage_timeout: float = 900,
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
@@ -72,6 +78,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.log_path = log_path
         self.log_offset = int(log_offset)
         self.poll_interval = float(poll_interval)
+        self.wait_window_s = int(wait_window_s)
         self.outage_timeout = float(outage_timeout)
         self.progress_log_interval_s = float(progress_log_interval_s)
         self.progress_log_every_steps = int(progress_log_every_steps) if progress_log_every_steps else None
@@ -83,6 +90,7 @@ class SlurmJobTrigger(BaseTrigger):
         self._progress_seen = 0
         self._last_progress: dict[str, Any] | None = None
         self._results_path: str | None = None
+        self._pending = b""  # streamed bytes after the last complete line
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -96,6 +104,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "log_path": self.log_path,
                 "log_offset": self.log_offset,
                 "poll_interval": self.poll_interval,
+                "wait_window_s": self.wait_window_s,
                 "outage_timeout": self.outage_timeout,
                 "progress_log_interval_s": self.progress_log_interval_s,
                 "progress_log_every_steps": self.progress_log_every_steps,
@@ -163,6 +172,16 @@ class SlurmJobTrigger(BaseTrigger):
         for shown in self._throttle.flush(time.monotonic(), final=final):
             self.log.info("%s", shown)
 
+    def _on_stream(self, chunk: bytes) -> bool:
+        """Log the streamed lines as they come; False (stop waiting) once the budget is exceeded."""
+        self._pending += chunk
+        before = self.log_offset
+        self._consume_log(-1, self._pending, max_bytes=len(self._pending) + 1)
+        self._pending = self._pending[self.log_offset - before:]
+        for shown in self._throttle.flush(time.monotonic(), final=False):
+            self.log.info("%s", shown)
+        return not self._over_budget
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         slurm = self._slurm()
         head_node_hook = slurm.head_node_hook
@@ -188,7 +207,10 @@ class SlurmJobTrigger(BaseTrigger):
                         if status.terminal:
                             yield self._event("success" if status.succeeded else "failed", **status.to_dict())
                             return
-                        await asyncio.sleep(self.poll_interval)
+                        self._pending = b""
+                        await slurm.await_job_end(self.job_id, self.log_path, self.log_offset, self._on_stream,
+                                                  conn=conn, interval_s=self.poll_interval,
+                                                  window_s=self.wait_window_s)
             except HostKeyMismatchError as err:
                 yield self._event("host_key_mismatch", message=str(err))
                 return

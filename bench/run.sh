@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# make bench: every benchmark in turn; each prints one line per figure and writes
+# bench/results/<name>.{json,md}; bench/results/README.md gathers the tables.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venvs="$PWD/.venvs"
+dataset="${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}/dataset/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
+rm -f bench/results/*.json bench/results/*.md
+"$venvs/airflow/bin/python" bench/dag_parse.py
+"$venvs/training/bin/python" bench/input_pipeline.py --data_dir "$dataset"
+{ echo "# Benchmark results"; echo; cat bench/results/*.md; } > bench/results/README.md.tmp
+mv bench/results/README.md.tmp bench/results/README.md
+echo "bench: tables in bench/results/README.md"

@@ -1,0 +1,56 @@
+"""The head-node side of a job wait: one long-lived command per wait instead of round-trip polls.
+
+It checks the job locally about once a second (``squeue`` for that one job id: a single small RPC
+to slurmctld) and copies the log's new bytes to stdout as they appear (``stat`` and ``tail``: no
+inotify, which misses writes by other Lustre clients). It exits when the job leaves the active
+states, when the log shrinks, or after ``window_s``; its last stderr line says which
+(``parsers.slurm.parse_wait_end``).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ultracluster.remote_commands._base import RemoteCommand, _check_job_id
+
+WAIT_END_MARKER = "UC_WAIT_END"
+# States in which the job may still change: anything else (or a job slurmctld forgot) ends the wait.
+ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
+                 "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+
+_SCRIPT = r"""
+job={job}; log={log}; off={offset}; interval={interval}; end=$((SECONDS + {window}))
+while :; do
+  if [ -f "$log" ]; then
+    size=$(stat -c %s -- "$log" 2>/dev/null || echo "$off")
+    if [ "$size" -lt "$off" ]; then echo "{marker} log-shrank" >&2; exit 0; fi
+    if [ "$size" -gt "$off" ]; then tail -c +$((off + 1)) -- "$log" | head -c $((size - off)); off=$size; fi
+  fi
+  if out=$(squeue --noheader --states=all --jobs "$job" --format=%T 2>&1); then
+    state=$(printf '%s\n' "$out" | head -n 1 | tr -d '[:space:]')
+    case " {active} " in
+      *" $state "*) ;;
+      *) echo "{marker} job-ended ${{state:-GONE}}" >&2; exit 0 ;;
+    esac
+  elif printf '%s' "$out" | grep -qi 'invalid job id'; then
+    echo "{marker} job-ended GONE" >&2; exit 0
+  fi
+  if [ "$SECONDS" -ge "$end" ]; then echo "{marker} window" >&2; exit 0; fi
+  sleep "$interval"
+done
+"""
+
+
+def wait_job_end(job_id: str | int, log_path: str, log_offset: int, *, interval_s: float, window_s: int) -> RemoteCommand:
+    """Stream ``log_path`` from ``log_offset`` until job ``job_id`` ends or ``window_s`` passes.
+
+    A failing ``squeue`` (slurmctld briefly unreachable) does not end the wait: the next check
+    tries again, and the trigger's own status read decides after the window.
+    """
+    if interval_s <= 0 or window_s <= 0:
+        raise ValueError("interval_s and window_s must be positive")
+    script = _SCRIPT.format(job=_check_job_id(job_id), log=shlex.quote(log_path), offset=max(0, int(log_offset)),
+                            interval=f"{float(interval_s):g}", window=int(window_s), marker=WAIT_END_MARKER,
+                            active=" ".join(ACTIVE_STATES))
+    return RemoteCommand(shell=f"bash -c {shlex.quote(script)}",
+                         description=f"wait for job {job_id} (streaming {log_path} from byte {int(log_offset)})")

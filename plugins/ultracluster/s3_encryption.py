@@ -1,0 +1,57 @@
+"""Server-side encryption of every object the pipeline writes to S3 (docs/operations.md, "Encryption").
+
+The deployment's profile chooses it: ``s3_encryption`` is ``AES256`` (SSE-S3, the default) or
+``aws:kms`` (SSE-KMS) with ``s3_kms_key_id`` (a key id, key ARN or alias; empty: the account's
+``aws/s3`` key). Operators take the result of ``sse_args``: the S3 request parameters every write
+carries. Stdlib only: the DAG files call this at parse time.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+SSE_S3 = "AES256"
+SSE_KMS = "aws:kms"
+MODES = (SSE_S3, SSE_KMS)
+DEFAULT_SSE: dict[str, str] = {"ServerSideEncryption": SSE_S3}
+
+# The S3 request parameters and the headers a presigned PUT must send (they are signed into it).
+_HEADERS = {"ServerSideEncryption": "x-amz-server-side-encryption",
+            "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id"}
+
+
+class EncryptionError(ValueError):
+    """The profile's (or an operator's) encryption setting is not one S3 accepts."""
+
+
+def sse_args(mode: str | None = None, kms_key_id: str | None = None) -> dict[str, str]:
+    """``{"ServerSideEncryption": ..., ["SSEKMSKeyId": ...]}`` for a mode and an optional KMS key."""
+    mode = mode or SSE_S3
+    if mode not in MODES:
+        raise EncryptionError(f"s3_encryption must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == SSE_S3:
+        if kms_key_id:
+            raise EncryptionError(f"s3_kms_key_id {kms_key_id!r} is set but s3_encryption is {SSE_S3}: "
+                                  f"set s3_encryption to {SSE_KMS} or clear the key")
+        return dict(DEFAULT_SSE)
+    return {"ServerSideEncryption": SSE_KMS, **({"SSEKMSKeyId": kms_key_id} if kms_key_id else {})}
+
+
+def profile_sse(profile: Mapping[str, Any]) -> dict[str, str]:
+    """The profile's setting as S3 request parameters."""
+    return sse_args(profile.get("s3_encryption") or None, profile.get("s3_kms_key_id") or None)
+
+
+def check_sse(args: Mapping[str, str] | None) -> dict[str, str]:
+    """``args`` validated (None: SSE-S3); anything else than what ``sse_args`` returns is refused."""
+    if args is None:
+        return dict(DEFAULT_SSE)
+    unknown = set(args) - set(_HEADERS)
+    if unknown or "ServerSideEncryption" not in args:
+        raise EncryptionError(f"S3 encryption must be ServerSideEncryption [+ SSEKMSKeyId], got {dict(args)!r}")
+    return sse_args(args["ServerSideEncryption"], args.get("SSEKMSKeyId"))
+
+
+def sse_headers(args: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The HTTP headers that carry ``args`` (what curl sends with a presigned PUT)."""
+    return [(_HEADERS[name], value) for name, value in check_sse(args).items()]

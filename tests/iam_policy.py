@@ -1,0 +1,107 @@
+"""A small IAM policy evaluator for the least-privilege tests (docs/operations.md, "Least privilege").
+
+It answers one question: does ``include/cluster/iam/airflow-policy.json`` allow an API call that an
+Airflow process made (recorded by tests/fixtures/aws_call_recorder/sitecustomize.py)? It knows what
+the tests need and no more: Allow/Deny statements, ``Action`` and ``Resource`` with IAM's ``*``/``?``
+wildcards (actions case-insensitive), and the mapping of the pipeline's S3, CloudFormation, EC2 and
+Service Quotas operations to their IAM action and resource ARN. A statement with a ``Condition`` never
+allows here (conditions are not evaluated, so a call that only such a statement allows is a denial).
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+POLICY_DIR = Path(__file__).resolve().parents[1] / "include" / "cluster" / "iam"
+AIRFLOW_POLICY = POLICY_DIR / "airflow-policy.json"
+PLACEHOLDER = re.compile(r"<[a-z0-9-]+>")
+
+# IAM prefix of a botocore service name, where they differ.
+_IAM_PREFIX = {"service-quotas": "servicequotas"}
+# S3 operations whose IAM action is not their own name.
+_S3_ACTIONS = {
+    "HeadObject": "GetObject", "HeadBucket": "ListBucket", "ListObjects": "ListBucket",
+    "ListObjectsV2": "ListBucket", "ListObjectVersions": "ListBucketVersions", "DeleteObjects": "DeleteObject",
+    "CreateMultipartUpload": "PutObject", "UploadPart": "PutObject", "CompleteMultipartUpload": "PutObject",
+    "GetPublicAccessBlock": "GetBucketPublicAccessBlock", "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
+    "CopyObject": "PutObject", "GetObjectTagging": "GetObjectTagging", "PutObjectTagging": "PutObjectTagging",
+}
+_S3_BUCKET_OPERATIONS = {"HeadBucket", "ListObjects", "ListObjectsV2", "ListObjectVersions", "GetPublicAccessBlock",
+                         "PutPublicAccessBlock", "CreateBucket", "DeleteBucket", "GetBucketLocation"}
+
+
+def render_policy(text: str, values: Mapping[str, str]) -> dict[str, Any]:
+    """The policy with its ``<placeholder>`` values filled in; an empty ``<x-prefix>`` drops its slash.
+    Every placeholder must have a value."""
+    for name, value in values.items():
+        if name.endswith("-prefix") and not value:
+            text = text.replace(f"<{name}>/", "")
+        text = text.replace(f"<{name}>", value.strip("/") if name.endswith("-prefix") else value)
+    left = sorted(set(PLACEHOLDER.findall(text)))
+    if left:
+        raise ValueError(f"no value for {', '.join(left)}")
+    return json.loads(text)
+
+
+def _listify(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _matches(pattern: str, value: str, *, case_sensitive: bool) -> bool:
+    if not case_sensitive:
+        pattern, value = pattern.lower(), value.lower()
+    # fnmatch's [] classes are not IAM syntax: escape them.
+    pattern = pattern.replace("[", "[[]")
+    return fnmatch.fnmatchcase(value, pattern)
+
+
+def _statement_matches(statement: Mapping[str, Any], action: str, resource: str) -> bool:
+    return (any(_matches(a, action, case_sensitive=False) for a in _listify(statement.get("Action")))
+            and any(_matches(r, resource, case_sensitive=True) for r in _listify(statement.get("Resource"))))
+
+
+def is_allowed(policy: Mapping[str, Any], action: str, resource: str) -> bool:
+    """An explicit Deny wins; otherwise an unconditional Allow that matches both action and resource."""
+    statements = _listify(policy["Statement"]) if isinstance(policy["Statement"], list) else [policy["Statement"]]
+    if any(s.get("Effect") == "Deny" and _statement_matches(s, action, resource) for s in statements):
+        return False
+    return any(s.get("Effect") == "Allow" and "Condition" not in s and _statement_matches(s, action, resource)
+               for s in statements)
+
+
+def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tuple[str, str]]:
+    """(IAM action, resource ARN) pairs one recorded call needs."""
+    service, operation, params = call["service"], call["operation"], call.get("params") or {}
+    prefix = _IAM_PREFIX.get(service, service)
+    if service == "s3":
+        action = "s3:" + _S3_ACTIONS.get(operation, operation)
+        bucket = params.get("Bucket", "")
+        if operation in _S3_BUCKET_OPERATIONS or not (params.get("Key") or params.get("Keys")):
+            return [(action, f"arn:aws:s3:::{bucket}")]
+        keys = params.get("Keys") or [params["Key"]]
+        return [(action, f"arn:aws:s3:::{bucket}/{key}") for key in keys]
+    if service == "cloudformation":
+        name = params.get("StackName")
+        if not name:
+            return [(f"cloudformation:{operation}", f"arn:aws:cloudformation:{region}:{account}:stack/*")]
+        arn = name if name.startswith("arn:") else f"arn:aws:cloudformation:{region}:{account}:stack/{name}/id"
+        return [(f"cloudformation:{operation}", arn)]
+    if service == "service-quotas" and params.get("ServiceCode"):
+        return [(f"{prefix}:{operation}",
+                 f"arn:aws:servicequotas:{region}:{account}:{params['ServiceCode']}/{params.get('QuotaCode', '')}")]
+    # EC2 Describe* (and anything else): no resource-level permission, so the request is for "*".
+    return [(f"{prefix}:{operation}", "*")]
+
+
+def denials(policy: Mapping[str, Any], calls: Iterable[Mapping[str, Any]], region: str, account: str) -> list[str]:
+    """One line per distinct (action, resource) the policy does not allow, naming a call that needed it."""
+    denied: dict[tuple[str, str], str] = {}
+    for call in calls:
+        for action, resource in requests_of(call, region, account):
+            if (action, resource) not in denied and not is_allowed(policy, action, resource):
+                denied[(action, resource)] = f"{action} on {resource} ({call.get('argv')})"
+    return list(denied.values())
