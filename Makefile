@@ -30,7 +30,7 @@ demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a 
 	@bash scripts/demo.sh
 
 test: setup  ## run the whole test suite (starts and stops its own daemons)
-	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: setup  ## the benchmarks in bench/ (ratios against baselines measured in the same run) -> bench/results/
 	@bash bench/run.sh

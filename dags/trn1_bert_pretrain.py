@@ -1,23 +1,38 @@
 """BERT-Large pretraining on an AWS Trn1 UltraCluster, from network to results, torn down afterwards.
 
 preflight -> create_vpc -> render_config -> pcluster_create -> wait_for_fleet -> download_data -> parallel_compile
--> train -> collect_results -> delete_cluster (teardown of pcluster_create) -> delete_vpc (teardown of
-create_vpc).
+-> train -> collect_results -> save_failure_artifacts -> delete_cluster (both teardowns of pcluster_create)
+-> delete_vpc (teardown of create_vpc). Beside the chain: restore_compile_cache before parallel_compile,
+restore_checkpoint (``resume_from``) before train, save_compile_cache after it. Each task's operator is
+imported below by name: its module is the step's code.
 
 Param defaults come from the deploy-time profile include/profiles/$ULTRACLUSTER_PROFILE.json
 (production by default; ``local`` for the local UltraCluster). Nothing here depends on the profile:
 only connections and configuration differ between real AWS and the local cluster.
 
-Parse cost: the VPC operators' base class (providers-amazon AwsBaseOperator) brings boto3. It is
-imported below by name, so the DAG processor pre-imports it once in its parent process
-(``parsing_pre_import_modules``) instead of in every parse. Everything else heavy (yaml, jinja2
-rendering, paramiko/asyncssh) loads inside tasks.
+Parse cost: the VPC operators' base class (providers-amazon AwsBaseOperator) brings boto3. It and
+every other Airflow module the parse needs are imported below by name, so the DAG processor
+pre-imports them once in its parent process (``parsing_pre_import_modules``) instead of in every
+parse. Everything else heavy (yaml, jinja2 rendering, paramiko/asyncssh) loads inside tasks.
 """
 from __future__ import annotations
 
 from datetime import timedelta
 
-import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401 - pre-imported by the DAG processor
+# Pre-imported once by the DAG processor's parent (parsing_pre_import_modules), so no parse pays for
+# them: every Airflow module the operators' modules and the weekly schedule load
+# (tests/dags/test_dag_integrity.py keeps this list complete).
+import airflow.providers.amazon.aws.hooks.cloud_formation  # noqa: F401
+import airflow.providers.amazon.aws.hooks.ec2  # noqa: F401
+import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401
+import airflow.providers.amazon.aws.triggers.base  # noqa: F401
+import airflow.providers.standard.triggers.temporal  # noqa: F401
+import airflow.sdk.bases.operatorlink  # noqa: F401
+import airflow.sdk.bases.sensor  # noqa: F401
+import airflow.sdk.definitions.timetables.interval  # noqa: F401
+import airflow.sdk.definitions.timetables.trigger  # noqa: F401
+import airflow.serialization.definitions.assets  # noqa: F401
+import airflow.timetables.base  # noqa: F401
 from airflow.sdk import DAG, Asset
 
 from ultracluster.notifications import run_failed

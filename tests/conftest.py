@@ -6,14 +6,27 @@ import pytest
 pytest_plugins = ["tests.fixtures_localcluster"]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Work units for `make test`'s two pytest-xdist workers (--dist loadgroup).
+def work_unit(nodeid: str) -> str:
+    """The work unit of a test under `make test`'s two pytest-xdist workers (--dist loadscope).
 
     The end-to-end tests share one Airflow deployment and run in order, so they form one unit.
     Every other module is a unit of its own: a module's fixtures (a local cluster, its slot range
     and accounting port) must never be built twice at once.
     """
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "e2e" if module.startswith("tests/e2e/") else module
-        item.add_marker(pytest.mark.xdist_group(group))
+    module = nodeid.split("::", 1)[0]
+    return "tests/e2e" if module.startswith("tests/e2e/") else module
+
+
+# xdist_group marks cannot do this: pytest-xdist 3.8.0's loadgroup rewrites Item._nodeid, which
+# pytest 9.2 no longer reads. Its scheduler hook is the documented way to choose the units.
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleAndE2e(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByModuleAndE2e(config, log)

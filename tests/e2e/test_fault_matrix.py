@@ -25,7 +25,9 @@ from tests.e2e import fault_actions as fa
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY, assert_nothing_left
 from tests.e2e.test_preflight_e2e import task_log
 
-pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
+# The first case's set-up runs the whole matrix (about 12 minutes alone; longer beside the other
+# worker's tests): past pytest.ini's 900 s per test.
+pytestmark = [pytest.mark.e2e, pytest.mark.localcluster, pytest.mark.timeout(2400),
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
 
 # One node per run, few steps: the failures come early and the matrix stays short.

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures_localcluster import PCLUSTER_BIN, wait_for_status, wait_until_gone
+from tests.fixtures_localcluster import wait_until_gone
+from tests.integration.test_slurm_side import make_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINING_PYTHON = REPO / ".venvs" / "training" / "bin" / "python"
@@ -47,19 +48,8 @@ class Store(dict):
 
 @pytest.fixture
 def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
-    config = make_cluster_config(static=2, dynamic=0, tags={"local-ultracluster:provisioning-delay": "1",
-                                                            "local-ultracluster:kill-node-after": str(KILL_AFTER_S)})
-    code, created = pcluster("create-cluster", "-n", NAME, "-c", str(config))
-    assert code == 0, created
-    described = wait_for_status(uc_env, NAME, {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)
-    assert described["clusterStatus"] == "CREATE_COMPLETE", described
-    cli_env = {k: v for k, v in uc_env.items() if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}
-    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
-        {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
-    monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
-         "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
-         "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
+    make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, NAME,
+                 {"local-ultracluster:kill-node-after": str(KILL_AFTER_S)})
     cluster_dir = uc_home / "clusters" / NAME
     fsx = Path(json.loads((cluster_dir / "runtime.json").read_text())["shared_dirs"]["/fsx"])
     yield SimpleNamespace(dir=cluster_dir, fsx=fsx)
