@@ -40,17 +40,21 @@ def test_the_reaper_dag_deletes_an_ended_runs_stack_and_nothing_else(airflow_loc
                           {"logical_date": None, "conf": {"artifacts_s3_uri": None}})["dag_run_id"]
         api.call("PATCH", f"/api/v2/dags/{REAPER_DAG_ID}", {"is_paused": False})
         assert api.wait_for_run(REAPER_DAG_ID, run_id, 600) == "success"
-        summary = api.call("GET", f"/api/v2/dags/{REAPER_DAG_ID}/dagRuns/{run_id}/taskInstances/reap/"
-                                  "xcomEntries/return_value")["value"]
-        assert stack_status(aws, "uc-vpc-e2e-reap-ended") is None, summary
-        assert stack_status(aws, "uc-vpc-e2e-reap-unmarked") == "CREATE_COMPLETE", summary
-        assert stack_status(aws, "uc-vpc-e2e-reap-fresh") == "CREATE_COMPLETE", summary
-        assert "uc-vpc-e2e-reap-ended" in str(summary), summary
+        # Unpausing also scheduled the latest hourly run, which may have been first: read every run.
+        summaries = []
+        for run in api.call("GET", f"/api/v2/dags/{REAPER_DAG_ID}/dagRuns")["dag_runs"]:
+            assert api.wait_for_run(REAPER_DAG_ID, run["dag_run_id"], 600) == "success", run
+            summaries.append(api.call("GET", f"/api/v2/dags/{REAPER_DAG_ID}/dagRuns/{run['dag_run_id']}/"
+                                             "taskInstances/reap/xcomEntries/return_value")["value"])
+        assert stack_status(aws, "uc-vpc-e2e-reap-ended") is None, summaries
+        assert stack_status(aws, "uc-vpc-e2e-reap-unmarked") == "CREATE_COMPLETE", summaries
+        assert stack_status(aws, "uc-vpc-e2e-reap-fresh") == "CREATE_COMPLETE", summaries
+        deleted = [line for summary in summaries for line in summary["deleted"]]
+        assert any("uc-vpc-e2e-reap-ended" in line and "run ended" in line for line in deleted), summaries
     finally:
         api.call("PATCH", f"/api/v2/dags/{REAPER_DAG_ID}", {"is_paused": True})
-        # Unpausing also scheduled the latest hourly run: let it end, so no run is left to later tests.
         for run in api.call("GET", f"/api/v2/dags/{REAPER_DAG_ID}/dagRuns")["dag_runs"]:
-            if run["state"] == "running":
+            if run["state"] in ("queued", "running"):  # no run left to later tests
                 api.wait_for_run(REAPER_DAG_ID, run["dag_run_id"], 600)
         for name in ("uc-vpc-e2e-reap-ended", "uc-vpc-e2e-reap-unmarked", "uc-vpc-e2e-reap-fresh"):
             if stack_status(aws, name) is not None:
