@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY
-from tests.localcluster.test_reaper import create_stack, stack_status
+from tests.localcluster.test_reaper_local import create_stack, stack_status
 from ultracluster.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,

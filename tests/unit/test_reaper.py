@@ -1,7 +1,7 @@
 """The reaper's rules (ultracluster.reaper.classify) and the tags they read (ultracluster.tags).
 
 The deletes themselves run against the real moto server and the local pcluster CLI:
-tests/localcluster/test_reaper.py.
+tests/localcluster/test_reaper_local.py.
 """
 from __future__ import annotations
 

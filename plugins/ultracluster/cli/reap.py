@@ -7,6 +7,7 @@ from the REST API. AWS and pcluster are reached through the deployment's Airflow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -33,12 +34,8 @@ def add_parser(commands: argparse._SubParsersAction, shared: argparse.ArgumentPa
 
 
 def cmd_reap(client: AirflowClient, args: argparse.Namespace) -> int:
-    from airflow.sdk.log import configure_logging
-
     from ultracluster.profiles import ProfileError, load_profile
     from ultracluster.reaper import build_reaper
-
-    configure_logging(output=sys.stderr)  # the hooks' and the reaper's logs: stdout holds the verdicts only
 
     try:
         profile = load_profile() if args.region is None or args.artifacts_s3_uri is None else {}
@@ -47,9 +44,13 @@ def cmd_reap(client: AirflowClient, args: argparse.Namespace) -> int:
     region = args.region if args.region is not None else profile.get("region")
     artifacts = args.artifacts_s3_uri if args.artifacts_s3_uri is not None else profile.get("artifacts_s3_uri")
     poll_s = float(profile.get("cluster_poll_interval_s") or 15)
-    reaper = build_reaper(api_run_state(client), aws_conn_id=args.aws_conn_id, pcluster_conn_id=args.pcluster_conn_id,
-                          region_name=region, artifacts_s3_uri=artifacts, poll_s=poll_s, retry_delay_s=4 * poll_s)
-    result = reaper.reap(dry_run=args.dry_run)
+    # The hooks' and the reaper's logs go to stderr, so stdout holds the verdicts only. A redirect for
+    # this call, not a logging configuration: that would outlive the command in the process.
+    with contextlib.redirect_stdout(sys.stderr):
+        reaper = build_reaper(api_run_state(client), aws_conn_id=args.aws_conn_id,
+                              pcluster_conn_id=args.pcluster_conn_id, region_name=region,
+                              artifacts_s3_uri=artifacts, poll_s=poll_s, retry_delay_s=4 * poll_s)
+        result = reaper.reap(dry_run=args.dry_run)
     if args.json:
         print(json.dumps(result.summary(), indent=2, sort_keys=True), flush=True)
     else:
