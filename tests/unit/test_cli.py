@@ -58,9 +58,9 @@ def test_trigger_unpauses_triggers_and_follows_a_run_to_success(stub, tmp_path, 
         "unpaused trn1_bert_pretrain\n"
         f"triggered trn1_bert_pretrain run {RUN_ID} (conf {json.dumps(conf, sort_keys=True)})\n"
         f"  {stub.url}/dags/trn1_bert_pretrain/runs/{RUN_ID}\n"
-        "  create_vpc       running            Ts\n"
-        "  create_vpc       success            Ts\n"
-        "  train            success            Ts\n"
+        "  create_vpc             running            Ts\n"
+        "  create_vpc             success            Ts\n"
+        "  train                  success            Ts\n"
         f"run {RUN_ID} finished: success in T s\n"
         "\nResults (collect_results):\n"
         "  final_loss  8.01\n"
@@ -76,7 +76,7 @@ def test_a_failed_run_exits_1(stub, capsys):
 
     assert cli(stub, "trigger", "--results", "") == 1
     out = timeless(capsys.readouterr().out)
-    assert out.endswith("  create_vpc       failed             Ts\n  delete_vpc       success            Ts\n"
+    assert out.endswith("  create_vpc             failed             Ts\n  delete_vpc             success            Ts\n"
                         f"run {RUN_ID} finished: failed in T s\n"), out
     assert not any("xcomEntries" in path for _, path, _ in stub.requests)
 
@@ -183,9 +183,9 @@ def test_status_prints_the_run_and_each_task(stub, capsys):
     assert capsys.readouterr().out == (
         f"trn1_bert_pretrain run {RUN_ID}: failed in 98 s\n"
         f"  {stub.url}/dags/trn1_bert_pretrain/runs/{RUN_ID}\n"
-        "  create_vpc       success           12s\n"
-        "  train            failed            61s\n"
-        "  delete_vpc       none                -\n")
+        "  create_vpc             success           12s\n"
+        "  train                  failed            61s\n"
+        "  delete_vpc             none                -\n")
 
 
 def test_status_of_an_unknown_run(stub, capsys):

@@ -31,7 +31,7 @@ def test_sweep_fan_out_triggers_one_run_per_point(stub, capsys):
                       for n in (1, 2, 4)]
     out = timeless(capsys.readouterr().out)
     assert out.startswith("".join(f"sweep s1: num_nodes={n}  run {run_id}\n" for n, run_id in zip((1, 2, 4), ids)))
-    assert "  [n=4] train            success            Ts\n" in out
+    assert "  [n=4] train                  success            Ts\n" in out
     assert out.endswith(f"[n=4] run {ids[2]} finished: success in T s\nsweep s1: 3/3 runs succeeded\n")
 
 
@@ -157,7 +157,7 @@ def test_a_fan_out_shares_one_network_that_outlives_its_points(stub, capsys):
     assert f"sweep s1: shared network: trn1_sweep_network run {NET_RUN}\n" in out
     assert "sweep s1: network vpc-1 is up; every point adopts it\n" in out
     # The client follows the network's run to its delete_vpc too.
-    assert "  [network] delete_vpc       success            Ts\n" in out
+    assert "  [network] delete_vpc             success            Ts\n" in out
     assert out.endswith("sweep s1: 2/2 runs succeeded\n")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ultracluster.cli.client import AirflowClient, segment
 
 ENDED = ("success", "failed")
-TASK_WIDTH = 16
+TASK_WIDTH = len("save_failure_artifacts")  # the longest task id of trn1_bert_pretrain
 
 
 def say(*parts: object) -> None:
