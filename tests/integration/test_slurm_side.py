@@ -267,8 +267,10 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert status.state == "CANCELLED", status
 
 
-def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, name: str, tags: dict[str, str]):
-    config = make_cluster_config(static=2, dynamic=0, tags={"local-ultracluster:provisioning-delay": "1", **tags})
+def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, name: str, tags: dict[str, str],
+                 static: int = 2, dynamic: int = 0):
+    config = make_cluster_config(static=static, dynamic=dynamic,
+                                 tags={"local-ultracluster:provisioning-delay": "1", **tags})
     code, created = pcluster("create-cluster", "-n", name, "-c", str(config))
     assert code == 0, created
     described = wait_for_status(uc_env, name, {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=240)

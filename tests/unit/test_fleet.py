@@ -4,6 +4,7 @@ reasons, first-contact host key, and the sensor's defer/complete path."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import importlib
 import json
@@ -48,9 +49,17 @@ class SinfoHeadNode:
     def __init__(self, *results):
         self.results = list(results)
         self.commands = []
+        self.connections = 0
+        self.conns = []
+
+    @contextlib.asynccontextmanager
+    async def aconnection(self):
+        self.connections += 1
+        yield f"conn-{self.connections}"
 
     async def arun(self, command, *, conn=None, timeout=None):
         self.commands.append(command)
+        self.conns.append(conn)
         item = self.results.pop(0) if len(self.results) > 1 else self.results[0]
         if isinstance(item, Exception):
             raise item
@@ -207,7 +216,8 @@ def test_kept_host_key_is_never_replaced_by_first_contact(first_contact):
 
 
 def test_trigger_run_waits_then_fires(first_contact):
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), region_name="eu-west-1")
+    head_node = SinfoHeadNode(sinfo("sinfo_idle"))
+    trigger = make_trigger(head_node, region_name="eu-west-1")
     pcluster = FakePcluster(described("create_in_progress"), described("create_in_progress"), described("create_complete"))
     hook_kwargs = []
 
@@ -226,14 +236,44 @@ def test_trigger_run_waits_then_fires(first_contact):
     assert event["status"] == "success" and event["head_node"]["host_key"] == HOST_KEY
     assert event["host_key_cluster"] == cluster_identity(described("create_complete"))
     assert hook_kwargs == [{"pcluster_conn_id": "pcluster_default", "region_name": "eu-west-1"}]
+    # Ready at the first sinfo: on the one connection the trigger opened for the Slurm gate.
+    assert head_node.connections == 1 and head_node.conns == ["conn-1"]
+
+
+def test_a_failing_describe_cluster_backs_off_and_a_success_resets_the_rate(first_contact, monkeypatch):
+    import ultracluster.hooks.parallelcluster as pc
+    import ultracluster.triggers.fleet as fleet_module
+    from ultracluster.parsers.pcluster import PclusterError
+
+    throttled = PclusterError("An error occurred (Throttling) when calling the DescribeStacks operation: Rate exceeded")
+    pcluster = FakePcluster(throttled, throttled, throttled, throttled, described("create_in_progress"),
+                            described("create_complete"))
+    sleeps = []
+
+    async def sleep(seconds):
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(fleet_module, "asyncio", SimpleNamespace(sleep=sleep))
+    monkeypatch.setattr(pc, "ParallelClusterHook", lambda **_: pcluster)
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), poke_interval=10)
+
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    assert asyncio.run(first())["status"] == "success"
+    # Jittered doubling from the poke interval: [10, 20], [20, 40], [40, 80], [80, 160]; then the rate again.
+    assert len(sleeps) == 5 and all(10 <= s for s in sleeps), sleeps
+    assert sleeps[0] <= 20 < 40 <= sleeps[2] and sleeps[3] >= 80 and sleeps[4] == 10, sleeps
 
 
 def test_trigger_serialize_round_trip():
     trigger = ComputeFleetTrigger(cluster_name="c", num_nodes=2, partition="compute1", pcluster_conn_id="p",
                                   ssh_conn_id="s", ssh_port=2222, host_key=HOST_KEY, host_key_cluster="arn|t|i",
-                                  poke_interval=5, region_name="eu-west-1")
+                                  poke_interval=5, region_name="eu-west-1", wait_window_s=120)
     classpath, kwargs = trigger.serialize()
     assert kwargs["region_name"] == "eu-west-1" and kwargs["host_key_cluster"] == "arn|t|i"
+    assert kwargs["wait_window_s"] == 120
     module, _, name = classpath.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     assert cls(**kwargs).serialize() == (classpath, kwargs)

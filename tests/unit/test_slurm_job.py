@@ -548,7 +548,7 @@ def test_trigger_reports_failure_state_from_scontrol():
 
 
 def test_trigger_rides_out_a_short_ssh_outage(monkeypatch):
-    monkeypatch.setattr(slurm_trigger_module, "_backoff", lambda attempt, cap=60.0: 0)
+    monkeypatch.setattr(slurm_trigger_module, "backoff", lambda attempt, **_: 0)
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")])
     replay.unreachable_connects = 3
     event = run_trigger(trigger(job_id="3"), replay)
@@ -556,7 +556,7 @@ def test_trigger_rides_out_a_short_ssh_outage(monkeypatch):
 
 
 def test_trigger_gives_up_after_outage_timeout(monkeypatch):
-    monkeypatch.setattr(slurm_trigger_module, "_backoff", lambda attempt, cap=60.0: 0.01)
+    monkeypatch.setattr(slurm_trigger_module, "backoff", lambda attempt, **_: 0.01)
     replay = ReplayHeadNode()
     replay.unreachable_connects = 10**9
     event = run_trigger(trigger(outage_timeout=0.05), replay)

@@ -24,16 +24,21 @@ esac
 """
 
 
+def stand_in(tmp_path: Path, command: str, script: str, state: str) -> tuple[Path, dict[str, str]]:
+    """A stand-in ``command`` first on PATH, and the file (``$UC_TEST_STATE``) it answers from."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / command).write_text(script)
+    (bin_dir / command).chmod(0o755)
+    state_file = tmp_path / "state"
+    state_file.write_text(state)
+    return state_file, {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "UC_TEST_STATE": str(state_file)}
+
+
 @pytest.fixture
 def head(tmp_path: Path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "squeue").write_text(SQUEUE)
-    (bin_dir / "squeue").chmod(0o755)
-    state = tmp_path / "state"
-    state.write_text("RUNNING\n")
+    state, env = stand_in(tmp_path, "squeue", SQUEUE, "RUNNING\n")
     log = tmp_path / "slurm-7.out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "UC_TEST_STATE": str(state)}
 
     def run(offset: int = 0, window_s: int = 600, interval_s: float = 0.2, timeout: float = 60):
         command = rc.wait_job_end("7", str(log), offset, interval_s=interval_s, window_s=window_s)

@@ -14,12 +14,17 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 
 from ultracluster import remote_commands
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID, CommandResult, HeadNodeHook
+from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID, CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.parsers import slurm as parse
 from ultracluster.parsers.files import LogChunk, parse_log_chunk
 
 if TYPE_CHECKING:
     import asyncssh
+
+
+# The longest a head-node wait command runs before its trigger checks for itself (the job's status, the
+# cluster's describe-cluster) and starts another on the same connection.
+WAIT_WINDOW_S = 300
 
 
 class SlurmCommandError(RuntimeError):
@@ -213,9 +218,11 @@ class SlurmHook(BaseHook):
     async def _arun(self, command: remote_commands.RemoteCommand, conn: asyncssh.SSHClientConnection | None):
         return await self.head_node_hook.arun(command, conn=conn)
 
-    async def asinfo(self, partition: str | None = None, *, conn=None) -> list[parse.NodeStatus]:
+    async def asinfo_text(self, partition: str | None = None, *, conn=None) -> str:
+        """``sinfo``'s own text (``parsers.slurm.parse_sinfo`` reads it; ``await_nodes_change`` waits
+        for it to change)."""
         command = remote_commands.sinfo(partition)
-        return parse.parse_sinfo(_checked(command, await self._arun(command, conn)).stdout)
+        return _checked(command, await self._arun(command, conn)).stdout
 
     async def ascancel(self, job_id: str, *, conn=None) -> None:
         command = remote_commands.scancel(job_id)
@@ -238,7 +245,7 @@ class SlurmHook(BaseHook):
         *,
         conn: asyncssh.SSHClientConnection,
         interval_s: float = 1.0,
-        window_s: int = 300,
+        window_s: int = WAIT_WINDOW_S,
     ) -> parse.WaitEnd:
         """Run ``remote_commands.wait_job_end`` on ``conn``, handing each chunk of the log's new bytes
         to ``on_output`` as it arrives; ``on_output`` returns False to stop the wait early.
@@ -246,15 +253,56 @@ class SlurmHook(BaseHook):
         One command per window on the trigger's connection: the job's end reaches the trigger about
         ``interval_s`` after Slurm records it, without a round trip per check.
         """
+        command = remote_commands.wait_job_end(job_id, log_path, log_offset, interval_s=interval_s, window_s=window_s)
+        return await self._await_command(command, on_output, conn=conn, window_s=window_s)
+
+    async def await_nodes_change(
+        self,
+        partition: str | None,
+        seen: str,
+        *,
+        conn: asyncssh.SSHClientConnection,
+        interval_s: float = 1.0,
+        window_s: int = WAIT_WINDOW_S,
+    ) -> str | None:
+        """Run ``remote_commands.wait_nodes_change`` on ``conn``: the partition's new ``sinfo`` text
+        once it differs from ``seen`` (an ``asinfo_text`` result), or None when the window passed.
+
+        A command that ended without saying why raises HeadNodeUnreachableError.
+        """
+        command = remote_commands.wait_nodes_change(partition, seen, interval_s=interval_s, window_s=window_s)
+        output: list[bytes] = []
+
+        def collect(chunk: bytes) -> bool:
+            output.append(chunk)
+            return True
+
+        end = await self._await_command(command, collect, conn=conn, window_s=window_s)
+        if end.reason == "changed":
+            return b"".join(output).decode("utf-8", "replace")
+        if end.reason == "window":
+            return None
+        raise HeadNodeUnreachableError(f"{command} ended without saying why ({end.reason})")
+
+    async def _await_command(
+        self,
+        command: remote_commands.RemoteCommand,
+        on_output: Callable[[bytes], bool],
+        *,
+        conn: asyncssh.SSHClientConnection,
+        window_s: int,
+    ) -> parse.WaitEnd:
+        """Run one long-lived head-node wait command (``remote_commands.wait``) on ``conn``: its stdout
+        goes to ``on_output`` chunk by chunk (False stops it), its last stderr line says why it ended."""
         import asyncio
 
         import asyncssh
 
-        from ultracluster.hooks.head_node import HeadNodeUnreachableError
-
-        command = remote_commands.wait_job_end(job_id, log_path, log_offset, interval_s=interval_s, window_s=window_s)
         try:
             process = await conn.create_process(command.shell, encoding=None)
+            if command.stdin is not None:
+                process.stdin.write(command.stdin.encode())
+                process.stdin.write_eof()
         except (OSError, asyncssh.Error) as err:
             raise HeadNodeUnreachableError(f"Lost the head node starting {command}: {err!r}") from err
         stopped = False

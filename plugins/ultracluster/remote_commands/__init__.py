@@ -13,7 +13,7 @@ from ultracluster.remote_commands.files import *  # noqa: F403
 from ultracluster.remote_commands.files import _curl_config
 from ultracluster.remote_commands.slurm import *  # noqa: F403
 from ultracluster.remote_commands.slurm import SINFO_FORMAT, SQUEUE_FORMAT
-from ultracluster.remote_commands.wait import WAIT_END_MARKER, wait_job_end
+from ultracluster.remote_commands.wait import WAIT_END_MARKER, wait_job_end, wait_nodes_change
 
 __all__ = ["RemoteCommand", "SINFO_FORMAT", "SQUEUE_FORMAT", "WAIT_END_MARKER", "_check_job_id", "_curl_config",
-           "_env_words", "_from_argv", "wait_job_end"]
+           "_env_words", "_from_argv", "wait_job_end", "wait_nodes_change"]

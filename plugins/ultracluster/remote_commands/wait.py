@@ -1,10 +1,15 @@
-"""The head-node side of a job wait: one long-lived command per wait instead of round-trip polls.
+"""The head-node side of the waits: one long-lived command per window instead of round-trip polls.
 
-It checks the job locally about once a second (``squeue`` for that one job id: a single small RPC
+``wait_job_end`` checks the job locally about once a second (``squeue`` for that one job id: a single small RPC
 to slurmctld) and copies the log's new bytes to stdout as they appear (``stat`` and ``tail``: no
 inotify, which misses writes by other Lustre clients). It exits when the job leaves the active
 states, when the log shrinks, or after ``window_s``; its last stderr line says which
 (``parsers.slurm.parse_wait_end``).
+
+``wait_nodes_change`` (the fleet wait's Slurm gate) runs ``sinfo`` locally about once a second and
+exits, printing the new lines, as soon as they differ from the ones the trigger judged last: nodes
+becoming idle, going down or failing to power up all change them, and every rule stays in the
+trigger's one evaluation (``triggers.fleet``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import shlex
 
 from ultracluster.remote_commands._base import RemoteCommand, _check_job_id
+from ultracluster.remote_commands.slurm import sinfo
 
 WAIT_END_MARKER = "UC_WAIT_END"
 # States in which the job may still change: anything else (or a job slurmctld forgot) ends the wait.
@@ -54,3 +60,29 @@ def wait_job_end(job_id: str | int, log_path: str, log_offset: int, *, interval_
                             active=" ".join(ACTIVE_STATES))
     return RemoteCommand(shell=f"bash -c {shlex.quote(script)}",
                          description=f"wait for job {job_id} (streaming {log_path} from byte {int(log_offset)})")
+
+
+_NODES_SCRIPT = r"""
+seen=$(cat); interval={interval}; end=$((SECONDS + {window}))
+while :; do
+  if out=$({sinfo} 2>/dev/null) && [ "$out" != "$seen" ]; then
+    printf '%s\n' "$out"; echo "{marker} changed" >&2; exit 0
+  fi
+  if [ "$SECONDS" -ge "$end" ]; then echo "{marker} window" >&2; exit 0; fi
+  sleep "$interval"
+done
+"""
+
+
+def wait_nodes_change(partition: str | None, seen: str, *, interval_s: float, window_s: int) -> RemoteCommand:
+    """Until ``sinfo(partition)`` prints something other than ``seen`` (sent on stdin), or ``window_s``.
+
+    The output compares as the shell captures it (trailing newlines dropped). A failing ``sinfo``
+    (slurmctld restarting) does not end the wait: the next check tries again.
+    """
+    if interval_s <= 0 or window_s <= 0:
+        raise ValueError("interval_s and window_s must be positive")
+    script = _NODES_SCRIPT.format(sinfo=sinfo(partition).shell, interval=f"{float(interval_s):g}",
+                                  window=int(window_s), marker=WAIT_END_MARKER)
+    return RemoteCommand(shell=f"bash -c {shlex.quote(script)}", stdin=seen,
+                         description=f"wait for a change of sinfo {partition or '(default partition)'}")

@@ -1,9 +1,14 @@
 """Waits until a cluster can run a job of ``num_nodes`` nodes.
 
-Two gates, both re-checked every poll:
-1. describe-cluster: clusterStatus CREATE_COMPLETE (or UPDATE_COMPLETE) and computeFleetStatus RUNNING;
+Two gates:
+1. describe-cluster: clusterStatus CREATE_COMPLETE (or UPDATE_COMPLETE) and computeFleetStatus RUNNING,
+   polled every ``poke_interval`` (an AWS API behind it: a failing call backs off, with jitter, up to
+   5 minutes);
 2. Slurm on the head node (``sinfo``): the partition has ``num_nodes`` nodes that are idle (static)
-   or idle~ (dynamic, powered down, Slurm starts them for the job).
+   or idle~ (dynamic, powered down, Slurm starts them for the job). Once the first gate holds, the
+   trigger keeps one SSH connection and waits on the head node (``SlurmHook.await_nodes_change``):
+   sinfo runs there about once a second and any change of its lines wakes the trigger, which judges
+   them here; describe-cluster is re-checked once per ``wait_window_s`` meanwhile.
 It fails fast, with the reason, when waiting cannot help: CREATE_FAILED (failures[]), deletion,
 PROTECTED or stopped fleets, too few usable nodes (down, drained) in the partition, nodes whose
 power-up failed (Slurm's reason: insufficient capacity, bootstrap failure, ResumeTimeout) while the job
@@ -39,8 +44,13 @@ from ultracluster.parsers.pcluster import (
     head_node_address,
     stack_arn,
 )
+from ultracluster.triggers._backoff import backoff
 
 WAIT, READY, FAIL = "wait", "ready", "fail"
+# Seconds between the head node's sinfo checks while the Slurm gate waits.
+NODE_CHECK_INTERVAL_S = 1.0
+# A failing describe-cluster (throttling, network) backs off from poke_interval up to this.
+API_BACKOFF_CAP_S = 300.0
 
 # Any other clusterStatus (CREATE_IN_PROGRESS, unknown) waits; so does any other fleet status than
 # RUNNING or the failed ones (START_REQUESTED, STARTING, UNKNOWN, not reported yet).
@@ -123,12 +133,15 @@ class ComputeFleetTrigger(BaseTrigger):
     :param host_key: pinned key, when an earlier try already made first contact.
     :param host_key_cluster: ``cluster_identity`` of the cluster ``host_key`` was pinned for; the key
         is used only while describe-cluster reports that same identity.
-    :param poke_interval: seconds between checks.
+    :param poke_interval: seconds between describe-cluster calls until the cluster gate holds (and
+        between retries when the head node cannot be reached).
     :param region_name: AWS region for ParallelClusterHook (None: the connection's).
     :param stuck_after_s: fail when, the job not runnable yet, nodes stay down or not responding this long.
     :param keep_host_key: ``host_key`` was pinned by an earlier task for this cluster (train's
         auto-resume): use it as is, never make first contact again; a recreated cluster then fails
         on the key instead of being trusted anew.
+    :param wait_window_s: the head-node wait command runs at most this long before describe-cluster
+        is checked again and another starts, on the same connection.
     """
 
     def __init__(
@@ -146,11 +159,15 @@ class ComputeFleetTrigger(BaseTrigger):
         region_name: str | None = None,
         stuck_after_s: float = 600,
         keep_host_key: bool = False,
+        wait_window_s: int | None = None,
     ) -> None:
+        from ultracluster.hooks.slurm import WAIT_WINDOW_S
+
         super().__init__()
         self.keep_host_key = bool(keep_host_key)
         self.stuck_after_s = float(stuck_after_s)
         self._unusable_since: dict[str, float] = {}
+        self._last_reason: str | None = None
         self.cluster_name = cluster_name
         self.num_nodes = int(num_nodes)
         self.partition = partition
@@ -161,6 +178,7 @@ class ComputeFleetTrigger(BaseTrigger):
         self.host_key_cluster = host_key_cluster
         self.poke_interval = float(poke_interval)
         self.region_name = region_name or None
+        self.wait_window_s = int(wait_window_s or WAIT_WINDOW_S)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -178,6 +196,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 "region_name": self.region_name,
                 "stuck_after_s": self.stuck_after_s,
                 "keep_host_key": self.keep_host_key,
+                "wait_window_s": self.wait_window_s,
             },
         )
 
@@ -188,10 +207,16 @@ class ComputeFleetTrigger(BaseTrigger):
         return SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=head_node))
 
     async def check_once(self, pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
-        """One round of both gates: (verdict, reason, head_node or None)."""
-        from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
-        from ultracluster.hooks.slurm import SlurmCommandError
-        from ultracluster.parsers.slurm import SlurmParseError, partition_capacity
+        """One round of both gates (one sinfo over a fresh connection): (verdict, reason, head_node or None)."""
+        verdict, reason, head_node = await self._cluster_gate(pcluster_hook)
+        if verdict != READY:
+            return verdict, reason, None
+        return await self._slurm_gate(head_node)
+
+    async def _cluster_gate(self, pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
+        """describe-cluster, then first contact when no key is pinned for this cluster: (verdict, reason,
+        ``{"cluster_name", "address", "host_key"}`` when READY)."""
+        from ultracluster.hooks.head_node import HeadNodeHook
 
         try:
             description = await pcluster_hook.adescribe_cluster(self.cluster_name)
@@ -215,11 +240,21 @@ class ComputeFleetTrigger(BaseTrigger):
                 return WAIT, f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})", None
             self.host_key_cluster = identity
             self.log.info("Pinned head node %s host key %s", address, self.host_key[:40] + "...")
-        head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
+        return READY, reason, {"cluster_name": self.cluster_name, "address": address, "host_key": self.host_key}
+
+    async def _slurm_gate(self, head_node: dict[str, Any], pcluster_hook=None) -> tuple[str, str, dict[str, Any] | None]:
+        """The Slurm gate: one sinfo over a fresh connection; with ``pcluster_hook``, the wait on the
+        head node over one connection until the gate holds or fails, or the cluster gate stops holding."""
+        from ultracluster.hooks.head_node import HeadNodeUnreachableError, HostKeyMismatchError
+        from ultracluster.hooks.slurm import SlurmCommandError
+        from ultracluster.parsers.slurm import SlurmParseError
+
         slurm = self._slurm(head_node)
         try:
-            nodes = await slurm.asinfo(self.partition)
-            capacity = partition_capacity(nodes, self.partition, self.num_nodes)
+            if pcluster_hook is None:
+                return self._judge(await slurm.asinfo_text(self.partition), head_node)
+            async with slurm.head_node_hook.aconnection() as conn:
+                return await self._wait_on_head_node(slurm, conn, head_node, pcluster_hook)
         except HostKeyMismatchError as err:
             return FAIL, str(err), None
         except HeadNodeUnreachableError as err:
@@ -228,13 +263,57 @@ class ComputeFleetTrigger(BaseTrigger):
             return WAIT, f"Slurm not answering yet: {err}", None
         except SlurmParseError as err:  # e.g. the partition is unknown: waiting will not create it
             return FAIL, str(err), None
+
+    async def _wait_on_head_node(self, slurm, conn, head_node: dict[str, Any],
+                                 pcluster_hook) -> tuple[str, str, dict[str, Any] | None]:
+        text = await slurm.asinfo_text(self.partition, conn=conn)
+        while True:
+            verdict, reason, ready = self._judge(text, head_node)
+            if verdict != WAIT:
+                return verdict, reason, ready
+            self._note(reason)
+            changed = await slurm.await_nodes_change(self.partition, text, conn=conn,
+                                                     interval_s=NODE_CHECK_INTERVAL_S, window_s=self._window())
+            if changed is not None:
+                text = changed
+                continue
+            # The window passed with the lines unchanged: the cluster gate again (one describe-cluster
+            # per window), then the same lines again (the stuck-node rule counts time).
+            try:
+                verdict, reason, again = await self._cluster_gate(pcluster_hook)
+            except PclusterError as err:  # the next window asks again: already an API-friendly rate
+                self.log.warning("describe-cluster failed, waiting on: %s", err)
+                continue
+            if verdict != READY:
+                return verdict, reason, None
+            if again != head_node:
+                return WAIT, f"head node of {self.cluster_name} changed ({again['address']})", None
+
+    def _window(self) -> int:
+        """The window, cut short when an unusable node reaches ``stuck_after_s`` before it ends."""
+        if not self._unusable_since:
+            return self.wait_window_s
+        due = min(self._unusable_since.values()) + self.stuck_after_s - time.monotonic()
+        return max(1, min(self.wait_window_s, int(due) + 1))
+
+    def _judge(self, sinfo_text: str, head_node: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+        """The Slurm gate's verdict on one sinfo output (capacity, then the stuck-node rule)."""
+        from ultracluster.parsers.slurm import parse_sinfo, partition_capacity
+
+        capacity = partition_capacity(parse_sinfo(sinfo_text), self.partition, self.num_nodes)
         verdict, reason = evaluate_capacity(capacity)
         stuck = stuck_nodes(capacity, self._unusable_since, time.monotonic(), self.stuck_after_s)
         if verdict == WAIT and stuck:
             verdict, reason = FAIL, (f"Nodes stayed down, drained or not responding for {self.stuck_after_s:.0f}s: "
                                      + "; ".join(f"{n} ({capacity.unusable[n]})" for n in stuck) + f". {reason}")
-        head_node["partition"] = capacity.partition
-        return verdict, reason, head_node if verdict == READY else None
+        if verdict != READY:
+            return verdict, reason, None
+        return verdict, reason, {**head_node, "partition": capacity.partition}
+
+    def _note(self, reason: str) -> None:
+        if reason != self._last_reason:
+            self.log.info("Waiting: %s", reason)
+            self._last_reason = reason
 
     def _pin(self) -> dict[str, Any]:
         return {"host_key": self.host_key, "host_key_cluster": self.host_key_cluster}
@@ -243,11 +322,15 @@ class ComputeFleetTrigger(BaseTrigger):
         from ultracluster.hooks.parallelcluster import ParallelClusterHook
 
         pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
-        last_reason = None
+        api_errors = 0
         while True:
             try:
-                verdict, reason, head_node = await self.check_once(pcluster_hook)
+                verdict, reason, head_node = await self._cluster_gate(pcluster_hook)
+                if verdict == READY:
+                    verdict, reason, head_node = await self._slurm_gate(head_node, pcluster_hook)
+                api_errors = 0
             except PclusterError as err:  # transient CLI/API error: the sensor timeout bounds retries
+                api_errors += 1
                 verdict, reason, head_node = WAIT, f"describe-cluster failed: {err}", None
             except Exception as err:
                 self.log.exception("Compute fleet trigger failed")
@@ -259,7 +342,8 @@ class ComputeFleetTrigger(BaseTrigger):
             if verdict == FAIL:
                 yield TriggerEvent({"status": "failed", "message": reason, **self._pin()})
                 return
-            if reason != last_reason:
-                self.log.info("Waiting: %s", reason)
-                last_reason = reason
-            await asyncio.sleep(self.poke_interval)
+            self._note(reason)
+            delay = self.poke_interval
+            if api_errors:
+                delay = max(delay, backoff(api_errors, first=delay, cap=max(delay, API_BACKOFF_CAP_S)))
+            await asyncio.sleep(delay)

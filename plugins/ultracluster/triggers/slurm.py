@@ -10,7 +10,6 @@ key mismatch or a longer outage ends the trigger with an error event.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,15 +17,10 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
-from ultracluster.hooks.slurm import SlurmHook
+from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmHook
 from ultracluster.parsers import progress as parse
+from ultracluster.triggers._backoff import backoff
 from ultracluster.triggers._kill_guard import task_is_still_deferred
-
-
-def _backoff(attempt: int, cap: float = 60.0) -> float:
-    """Exponential with jitter so many triggers do not hammer a recovering sshd in lockstep."""
-    base = min(2.0 ** min(attempt, 10), cap)
-    return base / 2 + random.uniform(0, base / 2)
 
 
 class SlurmJobTrigger(BaseTrigger):
@@ -63,7 +57,7 @@ class SlurmJobTrigger(BaseTrigger):
         log_path: str,
         log_offset: int = 0,
         poll_interval: float = 1,
-        wait_window_s: int = 300,
+        wait_window_s: int = WAIT_WINDOW_S,
         outage_timeout: float = 900,
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
@@ -223,7 +217,7 @@ class SlurmJobTrigger(BaseTrigger):
                         message=f"Head node unreachable for {int(down_for)} s (limit {int(self.outage_timeout)} s): {err}",
                     )
                     return
-                delay = _backoff(failures)
+                delay = backoff(failures)
                 self.log.warning(
                     "Head node unreachable (attempt %d, %d s so far); retrying in %.1f s: %s",
                     failures,
