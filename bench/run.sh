@@ -8,6 +8,8 @@ dataset="${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}/dataset/bert_pr
 rm -f bench/results/*.json bench/results/*.md
 "$venvs/airflow/bin/python" bench/dag_parse.py
 "$venvs/training/bin/python" bench/input_pipeline.py --data_dir "$dataset"
+# Benchmark 8: clusters of 2 to 89 dynamic nodes in its own home and moto (~8 min).
+"$venvs/airflow/bin/python" bench/scale.py
 { echo "# Benchmark results"; echo; cat bench/results/*.md; } > bench/results/README.md.tmp
 mv bench/results/README.md.tmp bench/results/README.md
 echo "bench: tables in bench/results/README.md"

@@ -103,6 +103,25 @@ def test_a_transient_error_does_not_end_the_wait(fake):
     assert event["status"] == "success"
 
 
+def test_failed_describes_back_off_and_a_success_resets_the_interval(fake, monkeypatch):
+    import ultracluster.triggers.pcluster as pcluster_trigger_module
+
+    error = ("error_config_file_not_found.json", 1)
+    fake.respond("describe-cluster", error, error, error, "describe_cluster_create_in_progress.json",
+                 "describe_cluster_create_complete.json")
+    sleeps = []
+
+    async def sleep(seconds):
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(pcluster_trigger_module.asyncio, "sleep", sleep)
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", poll_interval=10)))
+    assert event["status"] == "success"
+    # Doubling with jitter (half random) from the interval: [10, 20], [20, 40], [40, 80]; then 10 again.
+    assert len(sleeps) == 4 and 10 <= sleeps[0] <= 20 <= sleeps[1] <= 40 <= sleeps[2] <= 80, sleeps
+    assert sleeps[3] == 10, sleeps
+
+
 def test_wait_times_out_after_max_attempts(fake):
     fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
     [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=3)))

@@ -80,6 +80,18 @@ def test_select_artifacts_keeps_results_logs_and_newest_checkpoint():
     assert select_artifacts(training) == ["checkpoints/ckpt_40.pt", "log_ph1_bf16_0_1", "results.json"]
 
 
+def test_select_artifacts_of_a_128_node_run_with_many_checkpoints():
+    """Every node's log, results.json and only the newest of 100 checkpoints."""
+    files = {f"log_ph1_bf16_{rank}_128": 10 for rank in range(128)}
+    files.update({f"checkpoints/ckpt_{step}.pt": 5 for step in range(10, 1010, 10)})
+    files.update({"results.json": 1, "events.out.tfevents.1": 3, "checkpoints/.ckpt_1010.pt.tmp": 1})
+    chosen = select_artifacts(files)
+    assert chosen == sorted(chosen) and len(chosen) == len(set(chosen)) == 1 + 128 + 1
+    assert {p for p in chosen if p.startswith("log_")} == {f"log_ph1_bf16_{rank}_128" for rank in range(128)}
+    assert [p for p in chosen if p.startswith("checkpoints/")] == ["checkpoints/ckpt_1000.pt"]
+    assert "results.json" in chosen and "events.out.tfevents.1" not in chosen
+
+
 def test_summary_table_is_readable():
     table = summary_table(extract_metrics(RESULTS, num_nodes=2, scaling_mode="strong"))
     lines = table.splitlines()
@@ -226,3 +238,43 @@ def test_bad_artifacts_uri(tmp_path, head, uri):
     with pytest.raises(ValueError, match="artifacts_s3_uri"):
         op.execute({"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="c"), "outlet_events": OutletEvents()})
     assert head.commands == []
+
+
+def test_collect_of_a_128_node_run_takes_every_log_in_one_command_one_presign_client_and_one_listing(
+        tmp_path, artifacts, head, monkeypatch):
+    """At scale: every node's log reaches S3 through one curl command on the head node, the presigned
+    URLs come from one botocore client and the upload is checked with one listing, not a HEAD per file."""
+    from botocore.endpoint import Endpoint
+
+    from ultracluster.hooks.artifacts import ArtifactsS3Hook
+
+    nodes = 128
+    train = job_outputs(tmp_path)
+    output = tmp_path / "fsx" / "jobs" / "train" / "output_7"
+    for rank in range(nodes):
+        (output / f"log_ph1_bf16_{rank}_{nodes}").write_text(f"rank {rank}\n")
+    clients, operations = [], []
+    real_client, real_request = ArtifactsS3Hook.get_client_type, Endpoint.make_request
+    monkeypatch.setattr(ArtifactsS3Hook, "get_client_type",
+                        lambda self, *a, **k: clients.append(k) or real_client(self, *a, **k))
+    monkeypatch.setattr(Endpoint, "make_request",
+                        lambda self, model, request: operations.append(model.name) or real_request(self, model, request))
+    op = CollectResultsOperator(task_id="collect_results", head_node=HEAD, train=train,
+                                artifacts_s3_uri="s3://ultracluster-artifacts", aws_conn_id="uc_test_aws",
+                                num_nodes=nodes)
+    ti = SimpleNamespace(dag_id="trn1_bert_pretrain", run_id="manual__scale", task_id="collect_results",
+                         xcom_push=lambda **_: None)
+    metrics = op.execute({"ti": ti, "outlet_events": OutletEvents()})
+    requests = list(operations)  # the operator's requests, not the check's below
+
+    prefix = metrics["artifacts_uri"].removeprefix("s3://ultracluster-artifacts/")
+    keys = set()
+    for page in artifacts.get_paginator("list_objects_v2").paginate(Bucket="ultracluster-artifacts", Prefix=prefix):
+        keys |= {o["Key"].removeprefix(prefix) for o in page.get("Contents", [])}
+    assert {f"log_ph1_bf16_{rank}_{nodes}" for rank in range(nodes)} <= keys
+    assert {"results.json", "ckpt/ckpt_40.pt", "slurm-7.out", "log_ph1_bf16_0_2"} <= keys
+    uploads = [c for c in head.commands if c.description.startswith("upload ")]
+    assert len(uploads) == 1 and "upload 133 file(s)" in uploads[0].description, [str(c) for c in head.commands]
+    # The hook's own client (the listing) and the SigV4 presigning one, built once for 133 URLs.
+    assert len(clients) == 2 and sum("config" in kwargs for kwargs in clients) == 1, clients
+    assert "HeadObject" not in requests and requests.count("ListObjectsV2") == 1, requests

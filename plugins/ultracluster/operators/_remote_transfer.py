@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from ultracluster.remote_commands import RemoteCommand
 
 
-# Batch of files per curl call: bounded so one stdin config stays small.
-_UPLOAD_BATCH = 32
+# Files per curl call: a 128-node run's logs, results and checkpoint shards go in one remote command;
+# bounded so one stdin config (about 1 KB a presigned URL) stays a few hundred KB.
+_UPLOAD_BATCH = 256
 
 
 class RemoteTransferMixin:
@@ -77,7 +78,9 @@ class RemoteTransferMixin:
                 signed.append((local, url))
             self.run_transfer(head_node, remote_commands.upload_files(signed, headers), pid_file,
                               timeout=self.transfer_timeout)
-        missing = [rel for _, rel in uploads if not s3.check_for_key(f"{prefix}/{rel}", bucket_name=bucket)]
+        # One listing of the prefix (a request per 1000 keys), not a HEAD per file.
+        present = set(s3.list_keys(bucket_name=bucket, prefix=f"{prefix}/") or ())
+        missing = [rel for _, rel in uploads if f"{prefix}/{rel}" not in present]
         if missing:
             raise AirflowException(f"Uploaded but not found in s3://{bucket}/{prefix}/: {missing}")
         self.log.info("Uploaded %d file(s) to s3://%s/%s/", len(uploads), bucket, prefix)

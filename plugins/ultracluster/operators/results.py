@@ -150,7 +150,8 @@ def select_artifacts(files: Mapping[str, int], results_name: str = "results.json
     files = {p: size for p, size in files.items() if not posixpath.basename(p).startswith(".")}
     chosen = [p for p in files if posixpath.basename(p) == results_name]
     chosen += [p for p in files if _NODE_LOG.search(p)]
-    checkpoints = [p for p in files if _CHECKPOINT.search(p) and p not in chosen]
+    taken = set(chosen)  # a set: a list lookup per file made this quadratic in the node count
+    checkpoints = [p for p in files if _CHECKPOINT.search(p) and p not in taken]
 
     def step(path: str) -> int:
         numbers = _NUMBER.findall(path)

@@ -44,13 +44,11 @@ from ultracluster.parsers.pcluster import (
     head_node_address,
     stack_arn,
 )
-from ultracluster.triggers._backoff import backoff
+from ultracluster.triggers._backoff import api_delay
 
 WAIT, READY, FAIL = "wait", "ready", "fail"
 # Seconds between the head node's sinfo checks while the Slurm gate waits.
 NODE_CHECK_INTERVAL_S = 1.0
-# A failing describe-cluster (throttling, network) backs off from poke_interval up to this.
-API_BACKOFF_CAP_S = 300.0
 
 # Any other clusterStatus (CREATE_IN_PROGRESS, unknown) waits; so does any other fleet status than
 # RUNNING or the failed ones (START_REQUESTED, STARTING, UNKNOWN, not reported yet).
@@ -343,7 +341,4 @@ class ComputeFleetTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "failed", "message": reason, **self._pin()})
                 return
             self._note(reason)
-            delay = self.poke_interval
-            if api_errors:
-                delay = max(delay, backoff(api_errors, first=delay, cap=max(delay, API_BACKOFF_CAP_S)))
-            await asyncio.sleep(delay)
+            await asyncio.sleep(api_delay(self.poke_interval, api_errors))

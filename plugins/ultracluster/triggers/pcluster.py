@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from ultracluster.triggers._backoff import api_delay
 from ultracluster.triggers._kill_guard import should_delete_on_kill
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
@@ -114,7 +115,7 @@ class ClusterStatusTrigger(BaseTrigger):
                         "message": f"cluster {self.cluster_name} reached {status}",
                     })
                     return
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(api_delay(self.poll_interval, consecutive_errors))
         yield TriggerEvent({
             **base,
             "status": "timeout",
