@@ -327,7 +327,9 @@ def report(results: list[dict], ceiling: dict | None, reps: dict[int, int]) -> N
             rep.figure(f"ceiling N={ceiling['nodes']} job: submit to Slurm start", ceiling["slurm"]["queued_s"], "s",
                        note="nodes power up: slurmd starts on 2 cores")
         if ceiling.get("rss_job_mib"):
-            rep.figure(f"ceiling N={ceiling['nodes']} cluster RSS", sum(ceiling["rss_job_mib"].values()), "MiB")
+            daemons = {k: v for k, v in ceiling["rss_job_mib"].items() if k not in ("moto", "python")}
+            rep.figure(f"ceiling N={ceiling['nodes']} cluster daemons RSS", sum(daemons.values()), "MiB",
+                       note=f"slurmd {daemons.get('slurmd', 0):.0f}, unshare {daemons.get('unshare', 0):.0f}")
     rep.figure("repetitions", float(min(reps.values())), "per N",
                note=", ".join(f"N={n}: {k}" for n, k in sorted(reps.items())))
     print(f"scale: wrote {rep.save()}")
