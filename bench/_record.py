@@ -50,7 +50,7 @@ def machine() -> dict:
         "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
         "memory_gib": _memory_gib(), "python": platform.python_version(),
         "airflow": _version([str(venvs / "airflow" / "bin" / "airflow"), "version"]),
-        "slurm": _version(["sinfo", "--version"]),
+        "slurm": _version(["/usr/sbin/slurmctld", "-V"]),  # reads no slurm.conf, unlike sinfo
         "torch": _version([str(venvs / "training" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"]),
         "commit": _version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]),
     }
