@@ -13,7 +13,8 @@ only connections and configuration differ between real AWS and the local cluster
 Parse cost: the VPC operators' base class (providers-amazon AwsBaseOperator) brings boto3. It and
 every other Airflow module the parse needs are imported below by name, so the DAG processor
 pre-imports them once in its parent process (``parsing_pre_import_modules``) instead of in every
-parse. Everything else heavy (yaml, jinja2 rendering, paramiko/asyncssh) loads inside tasks.
+parse. Everything else heavy (yaml, jinja2 rendering, paramiko/asyncssh) loads inside tasks, and so
+do ultracluster's triggers, parsers, remote commands and hooks, bar the VPC operators' own (tests/dags).
 """
 from __future__ import annotations
 

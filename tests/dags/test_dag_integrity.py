@@ -263,6 +263,21 @@ def test_every_airflow_module_the_parse_needs_is_pre_imported():
     assert sorted(m for m in added if m.split(".")[0] in ("airflow", "croniter", "pydantic")) == []
 
 
+# Modules only tasks and triggers use: operators import them inside the methods that need them. The
+# network stack hook is not here: AwsBaseOperator checks its aws_hook_class when a VPC operator is built.
+TASK_TIME_ONLY = ("ultracluster.triggers", "ultracluster.parsers", "ultracluster.remote_commands",
+                  "ultracluster.hooks.head_node", "ultracluster.hooks.slurm", "ultracluster.hooks.parallelcluster",
+                  "ultracluster.hooks.artifacts", "ultracluster.hooks.cluster_instances", "ultracluster.cost",
+                  "ultracluster.operators._usage", "ultracluster.report", "ultracluster.reaper", "ultracluster.ui",
+                  "ultracluster.cli", "statistics", "matplotlib")
+
+
+def test_the_parse_loads_no_task_time_module():
+    loaded = modules_after_loading(DAG_FILE)
+    assert "ultracluster.operators.slurm" in loaded  # measured after the pre-import, not before it
+    assert sorted(m for m in loaded if m.startswith(TASK_TIME_ONLY)) == []
+
+
 def test_boto3_reaches_the_parse_only_through_a_pre_imported_module():
     """Without the pre-import the parse itself would load boto3 (AwsBaseOperator): keep it named."""
     from airflow.utils.file import iter_airflow_imports

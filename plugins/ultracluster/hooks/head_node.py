@@ -24,6 +24,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster import remote_commands
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 
 if TYPE_CHECKING:
     import asyncssh
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 
     from ultracluster.remote_commands import RemoteCommand
 
-DEFAULT_SSH_CONN_ID = "ultracluster_head_node"
 # asyncssh logs every session and command at INFO ("[conn=0, chan=12] Command: scontrol ..."): one
 # line per poll buries the job's progress in the task log. Warnings and errors still show.
 _CHATTY_SSH_LOGGERS = ("asyncssh", "paramiko")

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from ultracluster import remote_commands
-
 if TYPE_CHECKING:
     from ultracluster.hooks.head_node import HeadNodeHook
     from ultracluster.remote_commands import RemoteCommand
@@ -32,6 +30,8 @@ class RemoteTransferMixin:
     transfer_timeout: float
 
     def run_transfer(self, head_node: HeadNodeHook, command: RemoteCommand, pid_file: str, *, timeout: float) -> None:
+        from ultracluster import remote_commands
+
         self._pid_file = pid_file
         try:
             head_node.check(remote_commands.cancellable(command, pid_file), timeout=timeout)
@@ -62,6 +62,8 @@ class RemoteTransferMixin:
         """PUT each (head-node path, key under prefix) straight from the head node, then check every
         key exists. The presigned URLs go to curl on stdin only. ``s3``: an ArtifactsS3Hook, whose URLs
         have the server-side encryption headers signed in; curl sends them."""
+        from ultracluster import remote_commands
+
         headers = getattr(s3, "upload_headers", None)
         if headers is None:
             raise TypeError(f"upload_to_s3 needs an ArtifactsS3Hook (encrypted uploads), got {type(s3).__name__}")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ultracluster import remote_commands
-
 
 class SlurmCompileFactsMixin:
     """Needs SlurmJobOperator's ``hook``, ``job_dir`` and ``log``."""
 
     def _compile_cache_stats(self, results_path: str) -> dict[str, Any] | None:
         """The compile job's cache hits and misses, from its results.json (None when unreadable)."""
+        from ultracluster import remote_commands
+
         text = self.hook.head_node_hook.check(remote_commands.read_file(results_path)).stdout
         try:
             metrics = json.loads(text)["results"]["metrics"]
@@ -28,6 +28,7 @@ class SlurmCompileFactsMixin:
 
     def _launch_mode(self, job_id: str) -> dict[str, str | None]:
         """What the job ran under, from the ``slurm-<id>.launch`` marker its wrap wrote."""
+        from ultracluster import remote_commands
         from ultracluster.parsers.progress import parse_launch
 
         text = self.hook.tail_log(remote_commands.job_file(self.job_dir, job_id, "launch"), lines=5)

@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ultracluster import remote_commands
-from ultracluster.parsers.progress import newest_checkpoint
-
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -132,6 +129,9 @@ class SlurmAutoResumeMixin:
 
     def _newest_checkpoint(self, output_dirs: list[str]) -> tuple[int | None, str | None]:
         """(step, output dir) of the newest complete checkpoint among ``output_dirs``."""
+        from ultracluster import remote_commands
+        from ultracluster.parsers.progress import newest_checkpoint
+
         best: tuple[int | None, str | None] = (None, None)
         for directory in dict.fromkeys(output_dirs):
             listing = self.hook.head_node_hook.check(
@@ -151,6 +151,8 @@ class SlurmAutoResumeMixin:
 
     def submit_resume(self, context: Context, job_name: str) -> str:
         """sbatch the record's pending resume with ``RESUME_DIR`` at the newest checkpoint."""
+        from ultracluster.parsers.progress import newest_checkpoint
+
         record = self._resume_record(context)
         entry = record["resumes"][-1]
         # Every earlier job of this task may hold the newest checkpoint (one that died before its

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ultracluster import remote_commands
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
 from ultracluster.s3_uri import split_s3_uri
 
@@ -113,6 +112,7 @@ class RestoreCheckpointOperator(RemoteTransferMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
+        from ultracluster import remote_commands
         from ultracluster.hooks.head_node import HeadNodeHook
 
         if self.resume_from in (None, "", "None"):

@@ -19,10 +19,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from ultracluster import remote_commands
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.parsers.files import parse_file_listing
 from ultracluster.s3_uri import split_s3_uri
 
 if TYPE_CHECKING:
@@ -128,6 +126,8 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         return bucket, key
 
     def _count(self, head_node: HeadNodeHook, directory: str) -> int:
+        from ultracluster import remote_commands
+
         result = head_node.check(remote_commands.count_files(directory, self.file_pattern))
         return int(result.stdout.strip() or 0)
 
@@ -143,6 +143,7 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 
+        from ultracluster import remote_commands
         from ultracluster.hooks.head_node import HeadNodeHook
 
         bucket, key = self._validate()
@@ -202,6 +203,9 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
 
     def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
         """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""
+        from ultracluster import remote_commands
+        from ultracluster.parsers.files import parse_file_listing
+
         listing = head_node.check(remote_commands.list_files(posixpath.dirname(tar_path), max_depth=1)).stdout
         sizes = parse_file_listing(listing)
         got = sizes.get(posixpath.basename(tar_path))

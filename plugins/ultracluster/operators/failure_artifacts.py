@@ -21,12 +21,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from ultracluster import remote_commands
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.links import S3ResultsLink
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
 from ultracluster.operators.results import select_artifacts
-from ultracluster.parsers.files import parse_file_listing
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -97,9 +95,11 @@ class SaveFailureArtifactsOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from ultracluster import remote_commands
         from ultracluster.hooks.artifacts import ArtifactsS3Hook
         from ultracluster.hooks.head_node import HeadNodeHook
         from ultracluster.operators.config import run_artifacts_location
+        from ultracluster.parsers.files import parse_file_listing
 
         if isinstance(self.collected, Mapping) and self.collected.get("artifacts_uri"):
             # The run's normal end: a success with nothing to do (a skip would read as "did not run").

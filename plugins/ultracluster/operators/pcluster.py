@@ -14,14 +14,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from ultracluster.links import ParallelClusterStackLink
-from ultracluster.parsers.pcluster import (
-    CREATE_COMPLETE,
-    CREATE_FAILED,
-    CREATE_IN_PROGRESS,
-    DELETE_IN_PROGRESS,
-    UPDATE_COMPLETE,
-    public_description,
-)
 from ultracluster.tags import RUN_ID_TAG, cluster_owner
 
 if TYPE_CHECKING:
@@ -222,6 +214,14 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
 
     def _continue(self, context: Context, hook, description: dict) -> dict:
         """Act on the cluster's current status: done, wait, or clean up and fail."""
+        from ultracluster.parsers.pcluster import (
+            CREATE_COMPLETE,
+            CREATE_FAILED,
+            CREATE_IN_PROGRESS,
+            DELETE_IN_PROGRESS,
+            UPDATE_COMPLETE,
+        )
+
         status = description.get("clusterStatus")
         ParallelClusterStackLink.persist(
             context=context,
@@ -267,7 +267,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         """Log the failures, the failed stack events and the bootstrap log tail (_create_failure), delete
         the cluster, and fail once it is gone (fail_after_delete); a config-caused failure is not retried."""
         from ultracluster.operators._create_failure import log_create_failure
-        from ultracluster.parsers.pcluster import ClusterNotFoundError, failures, is_config_failure
+        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError, failures, is_config_failure
 
         found = failures(description)
         for failure in found:
@@ -309,6 +309,8 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         )
 
     def _result(self, description: dict) -> dict:
+        from ultracluster.parsers.pcluster import public_description
+
         public = public_description(description)
         self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
         return {

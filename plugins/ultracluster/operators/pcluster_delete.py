@@ -8,9 +8,7 @@ from airflow.sdk import BaseOperator
 
 from ultracluster.clock import utc_now
 from ultracluster.links import ParallelClusterStackLink
-from ultracluster.operators._usage import record_usage
 from ultracluster.operators.pcluster import _ClusterWaitMixin, _region_from_arn
-from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS
 from ultracluster.s3_encryption import check_sse
 from ultracluster.tags import cluster_owner
 
@@ -75,7 +73,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         return self._delete(context, delete_attempt=1)
 
     def _delete(self, context: Context, delete_attempt: int) -> dict:
-        from ultracluster.parsers.pcluster import ClusterNotFoundError
+        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError
 
         hook = self.hook()
         if not self.cluster_name:
@@ -111,11 +109,15 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     def _gone(self) -> dict:
         """The cluster is gone already (an earlier try deleted it: a retry reattaches). Its name is
         this run's (render_config's), so its instances, still listed by EC2, are this run's bill."""
+        from ultracluster.operators._usage import record_usage
+
         usage = record_usage(self, utc_now())
         return {"cluster_name": self.cluster_name, "deleted": True,
                 "deleted_at": (usage or {}).get("ended_at"), "usage": usage}
 
     def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
+        from ultracluster.operators._usage import record_usage
+
         if event.get("status") == "success":
             deleted_at = utc_now()
             self.log.info("Cluster %s deleted", self.cluster_name)

@@ -19,11 +19,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from ultracluster import remote_commands
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.links import S3ResultsLink, SweepReportLink
 from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.parsers.files import parse_file_listing
 from ultracluster.s3_encryption import check_sse
 
 if TYPE_CHECKING:
@@ -220,8 +218,10 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
             raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from ultracluster import remote_commands
         from ultracluster.hooks.artifacts import ArtifactsS3Hook
         from ultracluster.hooks.head_node import HeadNodeHook
+        from ultracluster.parsers.files import parse_file_listing
 
         if not isinstance(self.train, Mapping) or not self.train.get("output_dir"):
             raise ValueError(f"train must be the dict SlurmJobOperator returned, got {self.train!r}")

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ultracluster import remote_commands
 from ultracluster.clock import iso as _iso
 from ultracluster.clock import utc_now
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
 from ultracluster.operators._slurm_compile import SlurmCompileFactsMixin
@@ -177,6 +176,8 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
         return self._hook
 
     def _log_path(self, job_id: str) -> str:
+        from ultracluster import remote_commands
+
         return remote_commands.job_file(self.job_dir, job_id, "out")
 
     def _output_root(self) -> str:
@@ -205,12 +206,16 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
                 raise ValueError(f"Run script {script} not found (training_files_dir={self.training_files_dir!r})")
 
     def _slurm_job_name(self, context: Context) -> str:
+        from ultracluster import remote_commands
+
         ti = context["ti"]
         return remote_commands.slurm_job_name(
             ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), label=self.job_name
         )
 
     def _sbatch_args(self, job_name: str, run_id: str, job_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        from ultracluster import remote_commands
+
         args = dict(
             job_dir=self.job_dir,
             script_path=posixpath.join(self.job_dir, self.run_script),
@@ -231,6 +236,8 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
 
     def copy_training_files(self) -> None:
         """Copy include/training into the job directory (temp name + rename: safe to repeat)."""
+        from ultracluster import remote_commands
+
         head_node_hook = self.hook.head_node_hook
         head_node_hook.check(remote_commands.make_dirs(self.job_dir, self._output_root()))
         if self.training_files_dir is None:

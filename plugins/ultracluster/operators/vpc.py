@@ -16,15 +16,12 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
 from ultracluster.hooks.network_stack import NetworkStackHook
 from ultracluster.links import CloudFormationStackLink
-from ultracluster.parsers.pcluster import (
-    CREATE_COMPLETE, DELETE_COMPLETE, DELETE_FAILED, DELETE_IN_PROGRESS, STACK_CREATE_FAILED, STACK_IN_PROGRESS,
-    UPDATE_COMPLETE,
-)
 from ultracluster.tags import DAG_ID_TAG, DEFAULT_RESOURCE_TTL_HOURS, RUN_ID_TAG, run_tags
-from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 
 __all__ = ["DAG_ID_TAG", "RUN_ID_TAG", "CreateVpcStackOperator", "DeleteVpcStackOperator"]
 
@@ -64,12 +61,16 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
         return {**super()._hook_parameters, "region_name": self.region_name or None}
 
     def _stack_trigger(self, stack_name: str, waiter_name: str, **kwargs: Any) -> CloudFormationStackTrigger:
+        from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
+
         return CloudFormationStackTrigger(
             stack_name=stack_name, waiter_name=waiter_name, waiter_delay=self.waiter_delay,
             waiter_max_attempts=self.waiter_max_attempts, aws_conn_id=self.aws_conn_id,
             region_name=self.hook.region_name, verify=self.verify, botocore_config=self.botocore_config, **kwargs)
 
     def _delete(self, context: Context, stack_name: str, attempt: int = 1, **outcome: Any) -> Any:
+        from ultracluster.parsers.pcluster import DELETE_COMPLETE, DELETE_IN_PROGRESS
+
         status = self.hook.get_stack_status(stack_name)
         if status in (None, DELETE_COMPLETE):
             return self._stack_deleted(context, stack_name, **outcome)
@@ -141,6 +142,10 @@ class CreateVpcStackOperator(_NetworkStackOperator):
         self.template_path = template_path
 
     def execute(self, context: Context) -> dict:
+        from ultracluster.parsers.pcluster import (
+            CREATE_COMPLETE, DELETE_FAILED, DELETE_IN_PROGRESS, STACK_CREATE_FAILED, STACK_IN_PROGRESS, UPDATE_COMPLETE,
+        )
+
         network = {k: v for k, v in (self.existing_network or {}).items() if v}
         if network:
             return self._adopt_existing(network)
@@ -267,7 +272,7 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
     def _check_cluster_gone(self, context: Context) -> None:
         """Return when the run's cluster is gone; defer while it is deleting; raise otherwise."""
         from ultracluster.hooks.parallelcluster import ParallelClusterHook
-        from ultracluster.parsers.pcluster import ClusterNotFoundError
+        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError
         from ultracluster.tags import cluster_owner
         from ultracluster.triggers.pcluster import ClusterStatusTrigger
 

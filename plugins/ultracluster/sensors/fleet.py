@@ -15,7 +15,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from ultracluster.clock import utc_now
-from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.operators.config import node_count
 
 if TYPE_CHECKING:
