@@ -27,7 +27,7 @@ from _record import REPO
 
 sys.path.insert(0, str(REPO))
 from tests.fixtures_localcluster import free_port  # noqa: E402 - below the ephemeral range, as the tests'
-from ultracluster.cli.client import AirflowClient  # noqa: E402
+from ultracluster.cli.client import AirflowClient, CliError  # noqa: E402
 
 VENVS = REPO / ".venvs"
 DATASET_TAR = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
@@ -72,7 +72,8 @@ class Deployment:
         try:
             self._script("up.sh", timeout=600)
             password = json.loads((self.airflow_home / "passwords.json").read_text())["admin"]
-            self.client = AirflowClient(self.url, "admin", password)
+            # A loaded 2-core machine can take longer than the client's 30 s default to answer.
+            self.client = AirflowClient(self.url, "admin", password, timeout=120)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -92,7 +93,13 @@ class Deployment:
 
     # -- the REST API --------------------------------------------------------------------------------
     def api(self, method: str, path: str, body: dict | None = None, **params) -> dict:
-        return self.client.call(method, path, body, params=params or None)
+        for attempt in range(5):
+            try:
+                return self.client.call(method, path, body, params=params or None)
+            except CliError as error:  # reads only: a GET is safe to repeat after a timeout
+                if method != "GET" or "cannot reach" not in str(error) or attempt == 4:
+                    raise
+                time.sleep(5)
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
         """Unpaused once the dag-processor has parsed it."""

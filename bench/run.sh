@@ -7,6 +7,8 @@ venvs="$PWD/.venvs"
 dataset="${LOCAL_ULTRACLUSTER_HOME:-/var/lib/local-ultracluster}/dataset/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 rm -f bench/results/*.json bench/results/*.md
 "$venvs/airflow/bin/python" bench/dag_parse.py
+# Benchmarks 2, 3, 4, 6 (and 7, bench/concurrency.py, in the same deployment): whole local runs.
+"$venvs/airflow/bin/python" bench/pipeline.py
 "$venvs/training/bin/python" bench/input_pipeline.py --data_dir "$dataset"
 # Benchmark 8: clusters of 2 to 89 dynamic nodes in its own home and moto (~8 min).
 "$venvs/airflow/bin/python" bench/scale.py

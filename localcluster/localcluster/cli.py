@@ -333,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str]) -> dict[str, Any]:
+    state.record_call(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -47,6 +47,23 @@ def record(event: str, name: str, tags: dict[str, str] | None = None, home: Path
         out.write(line + "\n")
 
 
+def record_call(argv: list[str], home: Path | None = None) -> None:
+    """Append ``{"time", "command", "cluster"}`` to logs/pcluster-calls.jsonl: the CLI calls a client
+    made, kept after the cluster (bench/pipeline.py counts them per wait). Best effort."""
+    from datetime import datetime, timezone
+
+    cluster = next((argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg in ("-n", "--cluster-name")), None)
+    line = json.dumps({"time": datetime.now(timezone.utc).isoformat(), "command": argv[0] if argv else "",
+                       "cluster": cluster})
+    try:
+        path = (home or uc_home()) / "logs" / "pcluster-calls.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as out:
+            out.write(line + "\n")
+    except OSError:
+        pass
+
+
 def clusters_root(home: Path | None = None) -> Path:
     return (home or uc_home()) / "clusters"
 

@@ -155,6 +155,12 @@ def test_in_progress_shapes_then_delete_then_not_found(
 
     assert pcluster("describe-compute-fleet", "-n", "shapes") == (0, {"status": "UNKNOWN"})
     assert pcluster("describe-cluster-instances", "-n", "shapes") == (0, {"instances": []})
+    # Every CLI call is kept, with its cluster, in the home's ledger of calls (bench/pipeline.py counts them).
+    calls = [json.loads(line) for line in (uc_home / "logs" / "pcluster-calls.jsonl").read_text().splitlines()]
+    mine = [(c["command"], c["cluster"]) for c in calls if c["cluster"] in ("shapes", None)]
+    assert mine[-6:] == [("create-cluster", "shapes"), ("describe-cluster", "shapes"), ("list-clusters", None),
+                         ("list-clusters", None), ("describe-compute-fleet", "shapes"),
+                         ("describe-cluster-instances", "shapes")], mine
 
     # The stack in moto carries pcluster's tags and holds the head node security group in the config's VPC.
     stack = aws_client(uc_env, "cloudformation").describe_stacks(StackName="shapes")["Stacks"][0]
