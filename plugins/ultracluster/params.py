@@ -41,8 +41,16 @@ def optional(value: Any) -> Any:
     return None if value == "" else value
 
 
+# Each param's default is validated when the DAG is built, at every parse: jsonschema first checks the
+# schema against its meta-schema, which is about 3x cheaper for draft-07 than for the default 2020-12.
+# The params use only keywords both drafts read alike (type, enum, minimum/maximum, pattern, items,
+# properties, additionalProperties, propertyNames, required).
+SCHEMA_DRAFT = "http://json-schema.org/draft-07/schema#"
+
+
 def _param(default: Any, title: str, section: str, description: str, **schema: Any) -> Param:
-    return Param(default, title=title, section=section, description=description, **schema)
+    return Param(default, title=title, section=section, description=description, **{"$schema": SCHEMA_DRAFT},
+                 **schema)
 
 
 def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
