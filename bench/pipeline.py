@@ -23,9 +23,10 @@ with a fresh compile cache prefix in S3, then a warm run on the same prefix. One
 Then, in the same deployment, bench/concurrency.py's run(deployment) if that module exists.
 
 Knobs (environment): BENCH_PIPELINE_PAIRS (3), BENCH_SLOT_MAX (the deployment's last cluster slot),
-BENCH_SKIP_CONCURRENCY, BENCH_TORCH_COMPILE=on (the local profile runs eagerly, so its compile cache
-holds no graphs and benchmark 6 finds nothing to reuse; torch.compile gives it some, at about a
-minute more per run).
+BENCH_SKIP_CONCURRENCY, BENCH_TORCH_COMPILE (default on: the local profile runs eagerly, so its compile
+cache would hold no graphs and benchmark 6 would find nothing to reuse; torch.compile gives the cache
+what neuron_parallel_compile gives it in production, at about a minute more per cold run; "auto" runs
+the profile's own way).
 """
 from __future__ import annotations
 
@@ -180,8 +181,9 @@ def _conf(prefix: str) -> dict:
     profile = load_profile("local")
     bucket, _key = split_s3_uri(profile["artifacts_s3_uri"])
     conf = {"compile_cache_s3_uri": f"s3://{bucket}/bench-cache/{prefix}/"}
-    if os.environ.get("BENCH_TORCH_COMPILE"):  # a cache with graphs in it: torch.compile on (slower)
-        conf["extra_job_env"] = {**profile["extra_job_env"], "TORCH_COMPILE": os.environ["BENCH_TORCH_COMPILE"]}
+    torch_compile = os.environ.get("BENCH_TORCH_COMPILE", "on")
+    if torch_compile != "auto":  # a cache with graphs in it
+        conf["extra_job_env"] = {**profile["extra_job_env"], "TORCH_COMPILE": torch_compile}
     return conf
 
 
