@@ -233,16 +233,32 @@ launch=(
     "${extra_args[@]}"
 )
 
+# A cancelled job's step gets SIGTERM (SIGKILL KillWait later). Untrapped, bash dies at once and the
+# orphaned torchrun escapes the step's process tracking (proctrack/linuxproc) and outlives the job; so
+# pass the signal on to the launcher and wait for it: the step ends when its processes have.
+launcher_pid=""
+stop_launcher() {
+    echo "UC_INFO node=$node_rank got SIGTERM: stopping the launcher" >&2
+    [[ -n "$launcher_pid" ]] && kill -TERM "$launcher_pid" 2>/dev/null
+}
+trap stop_launcher TERM INT
 # Node 0 (rank 0: progress and results lines) also writes to the Slurm log; the others only
-# to their own log file, so the Slurm log stays readable.
+# to their own log file, so the Slurm log stays readable. tee ignores SIGTERM so that it keeps the
+# launcher's last lines and ends at their EOF.
 if (( node_rank == 0 )); then
-    "${launch[@]}" 2>&1 | tee "$log_file"
-    status="${PIPESTATUS[0]}"
+    "${launch[@]}" > >(trap '' TERM; exec tee "$log_file") 2>&1 &
 else
-    "${launch[@]}" > "$log_file" 2>&1
-    status=$?
-    (( status == 0 )) || echo "node $node_rank failed with status $status: see $log_file" >&2
+    "${launch[@]}" > "$log_file" 2>&1 &
 fi
+launcher_pid=$!
+while :; do
+    wait "$launcher_pid"
+    status=$?
+    # > 128: the trap interrupted the wait, and the launcher may still be stopping.
+    (( status > 128 )) && kill -0 "$launcher_pid" 2>/dev/null || break
+done
+wait  # node 0's tee, until the launcher's last line is in the log
+(( status == 0 || node_rank == 0 )) || echo "node $node_rank failed with status $status: see $log_file" >&2
 # A job that succeeded leaves no scratch behind (static nodes live on); a failed one keeps it, with
 # the compiler's work files, until the node's instance store goes with the instance.
 if (( status == 0 )) && [[ -n "$scratch_dir" ]]; then

@@ -583,6 +583,31 @@ def test_trigger_on_kill_cancels_unless_still_deferred(monkeypatch):
     assert [argv(c) for c in replay.calls] == [("scancel", "21")]
 
 
+def test_trigger_on_kill_connects_before_the_state_read(monkeypatch):
+    """The state read can stall the triggerer's supervisor, which the connection's secret masking
+    also waits on: connected first, the scancel needs nothing more from the supervisor."""
+    order = []
+
+    class Recording(ReplayHeadNode):
+        @contextlib.asynccontextmanager
+        async def aconnection(self):
+            order.append("connect")
+            async with super().aconnection() as conn:
+                yield conn
+
+    replay = Recording(scancel=[OK])
+    t = trigger(job_id="21")
+    t._slurm = lambda: SlurmHook(head_node_hook=replay)
+
+    async def killed(_ti):
+        order.append("state read")
+        return False
+
+    monkeypatch.setattr(slurm_trigger_module, "task_is_still_deferred", killed)
+    asyncio.run(t.on_kill())
+    assert order == ["connect", "state read"] and [argv(c) for c in replay.calls] == [("scancel", "21")]
+
+
 def test_non_deferrable_waits_in_the_worker(training_dir):
     replay = ReplayHeadNode(
         squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[CommandResult(0, "3\n", "")],

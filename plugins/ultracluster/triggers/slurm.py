@@ -232,11 +232,18 @@ class SlurmJobTrigger(BaseTrigger):
                 return
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious)."""
-        if await task_is_still_deferred(self.task_instance):
-            self.log.warning(
-                "on_kill fired while the task is still deferred (trigger moved?); job %s kept", self.job_id
-            )
-            return
-        self.log.info("Task killed: scancel %s", self.job_id)
-        await asyncio.wait_for(self._slurm().ascancel(self.job_id), timeout=25)
+        """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious).
+
+        Connect before the state read: resolving the SSH connection asks the triggerer's supervisor to
+        mask its secrets, and the state read can stall that supervisor (Airflow 3.3.2 builds its
+        in-process API on the first such read: ~32 s seen), leaving scancel past on_kill's 30 s.
+        """
+        slurm = self._slurm()
+        async with asyncio.timeout(25), slurm.head_node_hook.aconnection() as conn:
+            if await task_is_still_deferred(self.task_instance):
+                self.log.warning(
+                    "on_kill fired while the task is still deferred (trigger moved?); job %s kept", self.job_id
+                )
+                return
+            self.log.info("Task killed: scancel %s", self.job_id)
+            await slurm.ascancel(self.job_id, conn=conn)
