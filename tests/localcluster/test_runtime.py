@@ -324,6 +324,10 @@ def test_dynamic_node_powers_up_for_a_job_and_down_when_idle(uc_home: UcHome) ->
     assert any(s.endswith("#") for s in seen), seen            # powering up
     assert any(s in ("alloc", "mix") for s in seen), seen        # running on the booted node
     assert cluster.job_field(job_id, "NodeList") == node
+    # Launched when the node registered (the PrologSlurmctld ended), not at Slurm's 30 s periodic check.
+    controller_log = (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
+    assert f"prolog_running_decr: Configuration for JobId={job_id} is complete" in controller_log
+    assert f"job_time_limit: Configuration for JobId={job_id} complete" not in controller_log
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and cluster.node_states()[node] != "idle~":

@@ -20,7 +20,7 @@ from .procs import wait_listening
 from .runtime_state import cluster_paths, runtime_aws, save_runtime
 from .slots import Slot, allocate_slot
 from .slurmcmd import wait_nodes_state
-from .slurmconf import render_slurm_conf, render_slurmdbd_conf, slurm_cluster_name
+from .slurmconf import render_slurm_conf, render_slurmdbd_conf, resume_timeout, slurm_cluster_name
 from .users import prepare_shared_home
 
 NODE_READY_TIMEOUT_S = 60.0
@@ -69,7 +69,7 @@ def _make_dirs(paths: ClusterPaths, spec: ClusterSpec) -> None:
         shared.chmod(0o1777)
 
 
-def _write_power_scripts(paths: ClusterPaths) -> None:
+def _write_power_scripts(paths: ClusterPaths, resume_timeout_s: int) -> None:
     for action in ("resume", "suspend"):
         script = paths.bin / action
         script.write_text(f"#!/bin/sh\nexec {sys.executable} -I -m localcluster.runtime.power {action} "
@@ -78,6 +78,31 @@ def _write_power_scripts(paths: ClusterPaths) -> None:
     prolog = paths.bin / "task-prolog"
     prolog.write_text(f"#!/bin/sh\necho export SLURM_CONF={paths.slurm_conf}\n")
     prolog.chmod(0o755)
+    ctld_prolog = paths.bin / "ctld-prolog"
+    ctld_prolog.write_text(ctld_prolog_script(paths, resume_timeout_s))
+    ctld_prolog.chmod(0o755)
+
+
+def ctld_prolog_script(paths: ClusterPaths, resume_timeout_s: int) -> str:
+    """PrologSlurmctld: wait until the job's nodes have left power-up (registered, or down), then exit 0.
+
+    Slurm 22.05 starts a batch job on freshly resumed nodes at its 30 s periodic check, or as soon as
+    a PrologSlurmctld ends: ending it when the nodes are ready removes up to 30 s before every job
+    that powers nodes up. It never fails a job; a node that does not come up ends the wait.
+    """
+    return f"""#!/bin/sh
+export SLURM_CONF={paths.slurm_conf}
+deadline=$(( $(date +%s) + {resume_timeout_s} ))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+    states=$({shutil.which("sinfo") or "sinfo"} -h -N -n "$SLURM_JOB_NODELIST" -o %t 2>/dev/null) || exit 0
+    case "$states" in
+        *down*|*drain*|*fail*) exit 0 ;;   # the job's fate is Slurm's, not the prolog's
+        *'~'*|*'#'*|*'%'*) sleep 0.2 ;;    # powered down, powering up or down
+        *) exit 0 ;;
+    esac
+done
+exit 0
+"""
 
 
 def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: str,
@@ -142,7 +167,7 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
     paths.slurm_conf.chmod(0o644)
     paths.slurm_daemon_conf.write_text(render_slurm_conf(spec, paths, slot, head_name, nodes, acct, daemons=True))
     paths.slurm_daemon_conf.chmod(0o644)
-    _write_power_scripts(paths)
+    _write_power_scripts(paths, resume_timeout(spec))
     (paths.spool / "slurmctld").mkdir(exist_ok=True)
     ctld = head_launch(paths, head_name, "slurmctld",
                        ["/usr/sbin/slurmctld", "-D", "-c", "-f", str(paths.slurm_daemon_conf)], mounts)

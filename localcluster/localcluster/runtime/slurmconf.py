@@ -25,6 +25,10 @@ class Accounting:
     db_name: str
 
 
+def resume_timeout(spec: ClusterSpec) -> int:
+    return RESUME_TIMEOUT_S + int(spec.faults.boot_delay)
+
+
 def slurm_cluster_name(name: str) -> str:
     """Slurm lowercases ClusterName; keep it a plain identifier."""
     return re.sub(r"[^a-z0-9_]", "_", name.lower())
@@ -84,7 +88,9 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "PrivateData=cloud",
         f"ResumeProgram={paths.bin}/resume",
         f"SuspendProgram={paths.bin}/suspend",
-        f"ResumeTimeout={RESUME_TIMEOUT_S + int(spec.faults.boot_delay)}",
+        f"ResumeTimeout={resume_timeout(spec)}",
+        # Ends when the job's nodes are up, so Slurm 22.05 launches it then, not at its next 30 s check.
+        f"PrologSlurmctld={paths.bin}/ctld-prolog",
         f"SuspendTimeout={SUSPEND_TIMEOUT_S}",
         f"SuspendTime={suspend_time_seconds(spec.scaledown_idletime_min)}",
         "ResumeRate=0",
