@@ -114,7 +114,7 @@ class Deployment:
         body = {"logical_date": None, "conf": conf or {}}
         return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
 
-    def wait(self, dag_id: str, run_id: str, timeout: float = 1800, poll_s: float = 2) -> dict:
+    def wait(self, dag_id: str, run_id: str, timeout: float = 1800, poll_s: float = 0.5) -> dict:
         """The run's record once it has ended."""
         deadline = time.monotonic() + timeout
         while True:

@@ -62,7 +62,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    args = t.parse_args(["--model_size", "tiny", "--batch_size", "16", "--grad_accum_usteps", "2",
+    args = t.parse_args(["--model_size", "tiny", "--batch_size", "8", "--grad_accum_usteps", "2",
                          "--data_dir", options.data_dir, "--output_dir", "/nonexistent-unused", *rest])
     args.steps = options.steps
     torch.set_num_threads(options.num_threads)
