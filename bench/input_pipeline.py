@@ -26,18 +26,19 @@ def load_training_module():
     return module
 
 
-def run_steps(t, args, batches) -> float:
-    """Sequences per second over args.steps optimizer steps after one untimed warm-up step."""
+def run_steps(t, args, batches, waited=lambda: 0.0) -> tuple[float, float]:
+    """Sequences per second over args.steps optimizer steps after one untimed warm-up step, and the
+    fraction of that time the step waited for a batch (waited(): seconds so far)."""
     import torch
 
     torch.manual_seed(args.seed)
     model, _ = t.build_model("tiny")
     loss_module = t.PretrainingLoss(model)
     optimizer = t.build_optimizer(model, args)
-    sequences, start = 0, None
+    sequences, start, waited0 = 0, None, 0.0
     for step in range(args.steps + 1):
         if step == 1:
-            sequences, start = 0, time.perf_counter()
+            sequences, start, waited0 = 0, time.perf_counter(), waited()
         for _ in range(args.grad_accum_usteps):
             batch = batches()
             sequences += batch["input_ids"].shape[0]
@@ -45,7 +46,8 @@ def run_steps(t, args, batches) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return sequences / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return sequences / elapsed, (waited() - waited0) / elapsed
 
 
 def main() -> None:
@@ -78,24 +80,28 @@ def main() -> None:
     in_memory = [{k: torch.from_numpy(v.astype(np.int64)) for k, v in next(stream)[0].items()}
                  for _ in range(micro_batches)]
 
-    real, memory = [], []
+    real, memory, stalls = [], [], []
     for repetition in range(options.repetitions):
         for kind in (("real", "memory") if repetition % 2 == 0 else ("memory", "real")):
             if kind == "real":
                 feed, prefetcher = real_loader()
                 try:
-                    real.append(run_steps(t, args, feed))
+                    rate, stall = run_steps(t, args, feed, lambda: prefetcher.wait_seconds)
+                    real.append(rate)
+                    stalls.append(stall)
                 finally:
                     prefetcher.close()
             else:
                 items = iter(in_memory)
-                memory.append(run_steps(t, args, lambda: next(items)))
+                memory.append(run_steps(t, args, lambda: next(items))[0])
     report = Report("input_pipeline", f"5. Input pipeline (tiny model, same steps, interleaved, "
                                       f"{options.num_threads} torch thread(s))")
     report.figure("HDF5 loader throughput", summary(real), "seq/s")
     report.figure("in-memory batches throughput", summary(memory), "seq/s")
     report.figure("ratio loader / in-memory", summary([r / m for r, m in zip(real, memory)]), "x",
                   f">= {TARGET_RATIO}")
+    report.figure("time the step waited for the loader", summary([100 * x for x in stalls]), "%",
+                  note="Prefetcher.wait_seconds over the timed steps: the loader starving the step")
     report.save()
 
 
