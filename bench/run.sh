@@ -11,7 +11,7 @@ rm -f bench/results/*.json bench/results/*.md
 "$venvs/airflow/bin/python" bench/pipeline.py
 "$venvs/training/bin/python" bench/input_pipeline.py --data_dir "$dataset"
 # Benchmark 8: clusters of 2 to 89 dynamic nodes in its own home and moto; repetitions while they fit.
-"$venvs/airflow/bin/python" bench/scale.py --budget-s "${BENCH_SCALE_BUDGET_S:-180}"
+"$venvs/airflow/bin/python" bench/scale.py --budget-s "${BENCH_SCALE_BUDGET_S:-150}"
 { echo "# Benchmark results"; echo; cat bench/results/*.md; } > bench/results/README.md.tmp
 mv bench/results/README.md.tmp bench/results/README.md
 echo "bench: tables in bench/results/README.md"
