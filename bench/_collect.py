@@ -15,6 +15,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import _timeline as tl
+import boto3
+
+from ultracluster.run.names import vpc_stack_name_for
 
 DAG_ID = "trn1_bert_pretrain"
 # wait -> (its task, the tasks that start once it is done; none: the run's end)
@@ -37,8 +40,6 @@ def _jsonl(path: Path) -> list[dict]:
 def _stack_deleted(env: dict, stack_name: str) -> float | None:
     """The stack's DELETE_COMPLETE event in moto (its list_stacks has no DeletionTime; a deleted
     stack's events are still served by its id)."""
-    import boto3
-
     client = boto3.client("cloudformation", endpoint_url=env["AWS_ENDPOINT_URL"],
                           region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
                           aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -52,8 +53,6 @@ def _stack_deleted(env: dict, stack_name: str) -> float | None:
 
 def collect(deployment, watch, run: dict) -> dict:
     """The records of one ended run of trn1_bert_pretrain, as plain data (times: POSIX seconds)."""
-    from ultracluster.operators.config import vpc_stack_name_for
-
     run_id = run["dag_run_id"]
     tis = {ti["task_id"]: ti for ti in deployment.task_instances(DAG_ID, run_id)}
     logs = {}

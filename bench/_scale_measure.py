@@ -8,12 +8,20 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from botocore.endpoint import Endpoint
+
+from ultracluster import remote_commands as rc
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.parsers.files import parse_file_listing
+from ultracluster.parsers.slurm import parse_sinfo, parse_squeue
+from ultracluster.run.contracts import select_artifacts
+from ultracluster.run.fleet import partition_capacity
 
 # ------------------------------------------------------------------------------- counting
 
 class Calls:
     """Counts of SSH connections, remote commands and pcluster CLI runs, by wrapping the client calls."""
-
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
@@ -21,7 +29,6 @@ class Calls:
         import asyncssh
         import paramiko
 
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
 
         counts = self.counts
 
@@ -45,7 +52,6 @@ class Calls:
         wrap(asyncssh.SSHClientConnection, "create_session", "remote_commands", is_async=True)
         wrap(ParallelClusterHook, "_run", "pcluster_cli")
         wrap(ParallelClusterHook, "_arun", "pcluster_cli", is_async=True)
-        from botocore.endpoint import Endpoint
 
         wrap(Endpoint, "make_request", "aws_api")  # every AWS API request of this process (S3 here)
 
@@ -97,8 +103,6 @@ def used_memory_mib() -> float:
 
 def nodes_logged(train: dict, nodes: int) -> int:
     """Per-node logs that reached S3 (moto), the proof collect_results took every node's log."""
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
     keys = S3Hook(aws_conn_id="aws_default").list_keys("ultracluster-artifacts", prefix="scale/") or []
     wanted = {f"log_ph1_bf16_{i}_{nodes}" for i in range(nodes)}
     return len({k.rsplit("/", 1)[-1] for k in keys} & wanted)
@@ -106,11 +110,6 @@ def nodes_logged(train: dict, nodes: int) -> int:
 
 def time_parsers(slurm, train: dict, rounds: int = 200) -> dict[str, float]:
     """Microseconds per parse of this cluster's real sinfo, squeue and output listing (product parsers)."""
-    from ultracluster import remote_commands as rc
-    from ultracluster.operators.results import select_artifacts
-    from ultracluster.parsers.files import parse_file_listing
-    from ultracluster.parsers.slurm import parse_sinfo, parse_squeue, partition_capacity
-
     run = slurm.head_node_hook.check
     texts = {"sinfo": run(rc.sinfo()).stdout, "squeue": run(rc.squeue_job(train["job_id"])).stdout,
              "listing": run(rc.list_files(train["output_dir"])).stdout}

@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _deploy import Deployment  # noqa: E402 - puts the repo's packages on sys.path
 from _record import Report, summary  # noqa: E402
+
 from ultracluster.cli.follow import xcom_value  # noqa: E402
 from ultracluster.cli.main import build_parser  # noqa: E402
 from ultracluster.cli.sweeps import backfill, sweep_conf  # noqa: E402

@@ -13,6 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import numpy as np
 from _record import REPO, Report, summary  # noqa: E402
 
 TARGET_RATIO = 0.97
@@ -61,7 +62,6 @@ def main() -> None:
     parser.add_argument("--num_threads", type=int, default=1)
     options, rest = parser.parse_known_args()
     t = load_training_module()
-    import numpy as np
     import torch
 
     args = t.parse_args(["--model_size", "tiny", "--batch_size", "8", "--grad_accum_usteps", "2",

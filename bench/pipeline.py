@@ -127,7 +127,7 @@ def _fig(report: Report, label: str, values: list, unit: str, target: str = "", 
 
 
 def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
-    from ultracluster.profiles import load_profile
+    from ultracluster.run.profiles import load_profile
 
     local, production = load_profile("local"), load_profile("production")
     report = Report("pipeline", "Whole pipeline: overhead, reaction latency, worker-slot seconds, compile cache")
@@ -176,8 +176,8 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
 
 
 def _conf(prefix: str) -> dict:
-    from ultracluster.profiles import load_profile
-    from ultracluster.s3_uri import split_s3_uri
+    from ultracluster.run.profiles import load_profile
+    from ultracluster.run.s3 import split_s3_uri
 
     profile = load_profile("local")
     bucket, _key = split_s3_uri(profile["artifacts_s3_uri"])

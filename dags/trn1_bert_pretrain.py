@@ -38,14 +38,8 @@ from airflow.sdk import DAG, Asset
 
 from ultracluster.notifications import run_failed
 from ultracluster.operators.checkpoint import RestoreCheckpointOperator
+from ultracluster.operators.cluster_config import RenderClusterConfigOperator
 from ultracluster.operators.compile_cache import CompileCacheOperator
-from ultracluster.operators.config import (
-    TRAINING_QUEUE,
-    RenderClusterConfigOperator,
-    cluster_name_for,
-    safe_run_id,
-    vpc_stack_name_for,
-)
 from ultracluster.operators.dataset import DownloadDatasetOperator
 from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
 from ultracluster.operators.pcluster import CreateClusterOperator
@@ -55,10 +49,12 @@ from ultracluster.operators.results import CollectResultsOperator
 from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
-from ultracluster.profiles import include_dir, load_profile
-from ultracluster.s3_encryption import profile_sse
+from ultracluster.run.form import TRAINING_QUEUE
+from ultracluster.run.names import cluster_name_for, safe_run_id, vpc_stack_name_for
+from ultracluster.run.plan import plan_of
+from ultracluster.run.profiles import include_dir, load_profile
+from ultracluster.run.s3 import profile_sse
 from ultracluster.sensors.fleet import ComputeFleetSensor
-from ultracluster.sweep import plan_of
 
 DAG_ID = "trn1_bert_pretrain"
 PROFILE = load_profile()

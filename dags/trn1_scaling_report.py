@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Asset, Param
 
-from ultracluster.profiles import load_profile
-from ultracluster.s3_encryption import profile_sse
-from ultracluster.report.operator import DEFAULT_SOURCE_DAG_ID, ScalingReportOperator
-from ultracluster.s3_uri import S3_URI_PATTERN
-from ultracluster.sweep import SWEEP_ID_PATTERN
+from ultracluster.operators.scaling_report import DEFAULT_SOURCE_DAG_ID, ScalingReportOperator
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.s3 import S3_URI_PATTERN, profile_sse
+from ultracluster.run.sweep import SWEEP_ID_PATTERN
 
 DAG_ID = "trn1_scaling_report"
 PROFILE = load_profile()

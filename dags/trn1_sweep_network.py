@@ -17,13 +17,13 @@ from __future__ import annotations
 import airflow.providers.amazon.aws.operators.base_aws  # noqa: F401 - pre-imported by the DAG processor
 from airflow.sdk import DAG, Param
 
-from ultracluster.operators.config import safe_run_id
+from ultracluster.operators.scaling_report import DEFAULT_SOURCE_DAG_ID
 from ultracluster.operators.sweep_network import SweepNetworkHoldOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
-from ultracluster.profiles import load_profile
-from ultracluster.report.operator import DEFAULT_SOURCE_DAG_ID
-from ultracluster.sweep import SWEEP_ID_PATTERN
+from ultracluster.run.names import safe_run_id
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.sweep import SWEEP_ID_PATTERN
 
 DAG_ID = "trn1_sweep_network"
 PROFILE = load_profile()

@@ -5,8 +5,6 @@ An orphan carries ``ultracluster:created-by`` and either its run has ended, or i
 a run's S3 scratch. Each delete is verified; a stack or cluster that stays after the retries fails
 the run. Findings are sent through ``ultracluster.notifications.notify``. A live (queued or
 running) run's resources and unmarked ones are never touched.
-
-Parse cost: airflow.sdk and stdlib-only ultracluster modules; hooks and boto3 load in the task.
 """
 from __future__ import annotations
 
@@ -14,8 +12,11 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
-from ultracluster.profiles import load_profile
-from ultracluster.s3_uri import S3_URI_PATTERN
+from ultracluster.hooks.dag_runs import get_dagrun_state
+from ultracluster.notifications import notify
+from ultracluster.reaper import build_reaper
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.s3 import S3_URI_PATTERN
 
 DAG_ID = "ultracluster_reaper"
 PROFILE = load_profile()
@@ -49,18 +50,13 @@ with DAG(
 
     @task
     def reap(params: dict | None = None) -> dict:
-        from ultracluster.reaper import build_reaper
-        from ultracluster.report.operator import dagrun_state  # Task SDK: get_dagrun_state, None if no run
-
         params = params or {}
-        reaper = build_reaper(dagrun_state, aws_conn_id=AWS_CONN_ID, pcluster_conn_id=PCLUSTER_CONN_ID,
+        reaper = build_reaper(get_dagrun_state, aws_conn_id=AWS_CONN_ID, pcluster_conn_id=PCLUSTER_CONN_ID,
                               region_name=params.get("region"), artifacts_s3_uri=params.get("artifacts_s3_uri"),
                               poll_s=POLL_S, retry_delay_s=4 * POLL_S)
         result = reaper.reap(dry_run=bool(params.get("dry_run")))
         summary = result.summary()
         if result.orphans or result.left:
-            from ultracluster.notifications import notify
-
             lines = [f"deleted: {line}" for line in summary["deleted"]]
             lines += [f"would delete: {v.line()}" for v in result.orphans if params.get("dry_run")]
             lines += [f"NOT deleted: {what}: {'; '.join(why[:5])}" for what, why in result.left.items()]

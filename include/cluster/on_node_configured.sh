@@ -5,7 +5,7 @@
 # render_config uploads a RENDERED copy of this file to the artifacts bucket and references it from
 # the head node and every queue: the block between "# BEGIN VERSIONS" and "# END VERSIONS" then holds
 # the exact versions of include/neuron-versions.env (plugins/ultracluster/neuron_versions.py;
-# `python -m ultracluster.neuron_versions render` prints the copy). This file as it is does not run.
+# `python -m ultracluster.run.neuron_versions render` prints the copy). This file as it is does not run.
 # It runs as root once a node is configured, on every node that boots (dynamic nodes included), so it
 # is idempotent: a marker records the Neuron release and the pins a node finished with, and a node
 # whose marker matches does nothing.
@@ -31,7 +31,7 @@ set -euo pipefail
 # BEGIN VERSIONS (replaced by render_config; edit include/neuron-versions.env, not this block)
 # @VERSIONS@
 # END VERSIONS
-: "${NEURON_RELEASE:?versions not rendered: upload the copy render_config makes (python -m ultracluster.neuron_versions render)}"
+: "${NEURON_RELEASE:?versions not rendered: upload the copy render_config makes (python -m ultracluster.run.neuron_versions render)}"
 
 NEURON_VENV=/opt/aws_neuron_venv_pytorch
 NEURON_APT_REPO=https://apt.repos.neuron.amazonaws.com

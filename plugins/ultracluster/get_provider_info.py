@@ -21,7 +21,7 @@ def get_provider_info() -> dict:
         ],
         "operators": [
             {"integration-name": _PCLUSTER, "python-modules": [
-                "ultracluster.operators.vpc", "ultracluster.operators.config", "ultracluster.operators.pcluster"]},
+                "ultracluster.operators.vpc", "ultracluster.operators.cluster_config", "ultracluster.operators.pcluster"]},
             {"integration-name": _SLURM, "python-modules": [
                 "ultracluster.operators.dataset", "ultracluster.operators.slurm", "ultracluster.operators.results",
                 "ultracluster.operators.checkpoint", "ultracluster.operators.failure_artifacts"]},

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
+from airflow.sdk.configuration import conf
+from airflow.sdk.execution_time.xcom import XCom
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
@@ -33,8 +35,6 @@ class _UltraClusterLink(BaseOperatorLink):
             return ""
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
         try:
             values = XCom.get_value(key=self.key, ti_key=ti_key)
         except Exception:  # a missing link must never break the task page
@@ -48,7 +48,6 @@ class _UltraClusterLink(BaseOperatorLink):
 
 class CloudFormationStackLink(_UltraClusterLink):
     """The stack this task created or deleted."""
-
     name = "CloudFormation Stack"
     key = "ultracluster_cloudformation_stack"
     format_str = AWS_CONSOLE + "/cloudformation/home?region={region_name}#/stacks/stackinfo?stackId={stack_name}"
@@ -56,7 +55,6 @@ class CloudFormationStackLink(_UltraClusterLink):
 
 class ClusterConfigLink(_UltraClusterLink):
     """The rendered ParallelCluster YAML in the artifacts bucket."""
-
     name = "Cluster Config (S3)"
     key = "ultracluster_cluster_config"
     format_str = S3_CONSOLE + "/s3/object/{bucket}?region={region_name}&prefix={key}"
@@ -64,7 +62,6 @@ class ClusterConfigLink(_UltraClusterLink):
 
 class S3ResultsLink(_UltraClusterLink):
     """The run's artifacts/results prefix."""
-
     name = "Results (S3)"
     key = "ultracluster_s3_results"
     format_str = S3_CONSOLE + "/s3/buckets/{bucket}?region={region_name}&prefix={prefix}/"
@@ -72,7 +69,6 @@ class S3ResultsLink(_UltraClusterLink):
 
 class ParallelClusterStackLink(CloudFormationStackLink):
     """The cluster's main CloudFormation stack (pcluster's cloudformationStackArn)."""
-
     name = "ParallelCluster Stack"
     key = "ultracluster_pcluster_stack"
 
@@ -82,14 +78,11 @@ PLUGIN_PREFIX = "/ultracluster"  # the ultracluster plugin's pages (ui/plugin.py
 
 def airflow_base_url() -> str:
     """Airflow's ``[api] base_url`` without its trailing slash; empty when unset (root-relative hrefs)."""
-    from airflow.sdk.configuration import conf
-
     return (conf.get("api", "base_url", fallback="") or "").rstrip("/")
 
 
 class _PluginPageLink(_UltraClusterLink):
     """A page of the ultracluster plugin, under Airflow's own address: every value is one path segment."""
-
     fields: ClassVar[tuple[str, ...]]  # the values the path needs: without one, no link
 
     def format_link(self, **values: Any) -> str:
@@ -103,7 +96,6 @@ class SlurmJobLink(_PluginPageLink):
 
     Values (docs/contracts.md, "Slurm job page"): ``dag_id``, ``run_id``, ``task_id``, ``job_id``,
     ``job_name``, ``log_path``, ``output_dir``, ``cluster_name``; ``state`` once the job has ended."""
-
     name = "Slurm Job"
     key = "ultracluster_slurm_job"
     fields = ("dag_id", "run_id", "task_id")
@@ -113,7 +105,6 @@ class SlurmJobLink(_PluginPageLink):
 class SweepReportLink(_PluginPageLink):
     """The plugin's page of the scaling report of the run's sweep. Values: ``dag_id`` (the pipeline's),
     ``sweep_id``."""
-
     name = "Sweep Report"
     key = "ultracluster_sweep_report"
     fields = ("dag_id", "sweep_id")

@@ -20,10 +20,15 @@ import json
 import logging
 from typing import Any
 
+from airflow import settings
 from airflow.listeners import hookimpl
 
+from ultracluster.report.records import XCOM_TASKS
+from ultracluster.report.run_note import merged_note, note_text
+from ultracluster.run.cost import NO_PRICES, PriceError, load_prices
+from ultracluster.run.states import RUN_ENDED, run_state_name
+
 log = logging.getLogger(__name__)
-ENDED = ("success", "failed")
 
 
 def _value(raw: Any) -> Any:
@@ -39,11 +44,9 @@ def _value(raw: Any) -> Any:
 
 def run_xcoms(session: Any, dag_run: Any) -> dict[str, Any]:
     """Task id -> return value, of the run's tasks that feed a summary (``records.XCOM_TASKS``)."""
+    from airflow.models.xcom import XComModel
     from sqlalchemy import select
 
-    from airflow.models.xcom import XComModel
-
-    from ultracluster.report.records import XCOM_TASKS
 
     rows = session.execute(select(XComModel.task_id, XComModel.value).where(
         XComModel.dag_id == dag_run.dag_id, XComModel.run_id == dag_run.run_id,
@@ -54,8 +57,6 @@ def run_xcoms(session: Any, dag_run: Any) -> dict[str, Any]:
 def is_pipeline_run(dag_run: Any) -> bool:
     """A run of a DAG with the pipeline's tasks (trn1_bert_pretrain, or a copy of it); a run whose DAG
     is not at hand counts, and gets a note only if it has their XComs."""
-    from ultracluster.report.records import XCOM_TASKS
-
     task_ids = getattr(getattr(dag_run, "dag", None), "task_ids", None)
     return task_ids is None or set(XCOM_TASKS) <= set(task_ids)
 
@@ -63,18 +64,14 @@ def is_pipeline_run(dag_run: Any) -> bool:
 def write_run_note(bind: Any, dag_run_id: int) -> str | None:
     """Put the run's summary into its note (after a user's own text), in a transaction of its own on
     ``bind`` (an Engine). Returns the note written, or None when there is none to write. Raises on errors."""
+    from airflow.models.dagrun import DagRun
     from sqlalchemy.orm import Session
 
-    from airflow.models.dagrun import DagRun
-
-    from ultracluster.cost import NO_PRICES, PriceError, load_prices
-    from ultracluster.report.records import normalize_state
-    from ultracluster.report.run_note import merged_note, note_text
 
     with Session(bind=bind) as session, session.begin():
         dag_run = session.get(DagRun, dag_run_id)
-        state = normalize_state(dag_run.state) if dag_run is not None else None
-        if state not in ENDED:  # deleted, or its end was rolled back
+        state = run_state_name(dag_run.state) if dag_run is not None else None
+        if state not in RUN_ENDED:  # deleted, or its end was rolled back
             return None
         xcoms = run_xcoms(session, dag_run)
         if not any(value is not None for value in xcoms.values()):
@@ -111,7 +108,6 @@ def note_when_committed(dag_run: Any) -> None:
     what = f"{dag_run.run_id} ({dag_run.dag_id})"
     session = object_session(dag_run)
     if session is None:  # nothing pending: the state is in the DB already
-        from airflow import settings
 
         _write_logged(settings.engine, dag_run.id, what)
         return
@@ -125,7 +121,6 @@ def note_when_committed(dag_run: Any) -> None:
 
 class RunNoteListener:
     """Airflow listener (pluggy hook implementations): the run note when a run ends."""
-
     @staticmethod
     def _note(dag_run: Any) -> None:
         try:

@@ -15,6 +15,9 @@ import html
 import logging
 from typing import Any
 
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
 SMTP_CONN_ID = "ultracluster_smtp"
 SLACK_CONN_ID = "ultracluster_slack"
 SLACK_WEBHOOK_CONN_ID = "ultracluster_slack_webhook"
@@ -23,9 +26,6 @@ log = logging.getLogger(__name__)
 
 
 def _connection(conn_id: str) -> Any | None:
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
     try:
         return BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:

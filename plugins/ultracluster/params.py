@@ -1,12 +1,12 @@
 """The trigger form of trn1_bert_pretrain: every param with its schema, title, section and default.
 
-Defaults come from a deploy-time profile (``ultracluster.profiles``). Airflow's trigger form marks a
+Defaults come from a deploy-time profile (``ultracluster.run.profiles``). Airflow's trigger form marks a
 param required when its schema ``type`` does not include ``"null"``, and disables the Trigger button
 while a required field is null or empty. So an optional value is declared ``["null", <type>]`` with a
 null default, and the pipeline treats null (or empty) as "off". ``tests/dags/test_param_form.py``
 checks every default of every profile the way the form does.
 
-Stdlib and ``airflow.sdk`` only: the DAG file builds this at parse time.
+The constants behind the form (instance types, patterns, limits, sections) are ``run.form``'s.
 """
 from __future__ import annotations
 
@@ -14,26 +14,28 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from ultracluster.operators.config import (
+from ultracluster.run.form import (
+    ABSOLUTE_PATH_PATTERN,
+    ADVANCED,
     AMI_ID_PATTERN,
+    CLUSTER,
+    CLUSTER_NAME_PATTERN,
+    DATA,
+    DEFAULT_RESOURCE_TTL_HOURS,
+    IMAGE_OS,
     LOCAL_STORAGE_MOUNT_DIR,
     LOG_RETENTION_DAYS,
+    MAX_NODES,
+    MAX_QUEUES,
+    NETWORK,
+    QUEUE_NAME_PATTERN,
+    SWEEP,
+    TRAINING,
     TRAINING_QUEUE,
+    TRN1_INSTANCE_TYPES,
 )
-from ultracluster.s3_uri import S3_URI_PATTERN
-from ultracluster.sweep import SWEEP_SCHEMA
-from ultracluster.tags import DEFAULT_RESOURCE_TTL_HOURS
-
-TRN1_INSTANCE_TYPES = ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge"]
-# Image.Os: the Ubuntu releases ParallelCluster 3.16.1 accepts (its schema also takes alinux2023, rhel8/9
-# and rocky8/9, but on_node_configured.sh installs Neuron with apt). ubuntu2004, the blog's, is refused
-# since 3.14. tests/unit/test_pcluster_real_schema.py compares this with the installed package.
-IMAGE_OS = ["ubuntu2204", "ubuntu2404"]
-
-# The form's sections, in the order they appear (Airflow shows them as collapsible groups).
-CLUSTER, TRAINING, DATA, NETWORK = "Cluster", "Training", "Data", "Network"
-SWEEP, ADVANCED = "Sweep and cost", "Advanced"
-SECTIONS = (CLUSTER, TRAINING, DATA, NETWORK, SWEEP, ADVANCED)
+from ultracluster.run.s3 import S3_URI_PATTERN
+from ultracluster.run.sweep import SWEEP_SCHEMA
 
 
 def optional(value: Any) -> Any:
@@ -61,21 +63,21 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
         "num_nodes": _param(
             p["num_nodes"], "Training nodes", CLUSTER,
             "Compute nodes the training job runs on (sbatch --nodes). At most 'Max nodes'.",
-            type="integer", minimum=1, maximum=256),
+            type="integer", minimum=1, maximum=MAX_NODES),
         "min_nodes": _param(
             p["min_nodes"], "Min nodes (static)", CLUSTER,
             "Nodes kept running in the training queue for the cluster's whole life (MinCount). "
             "0 = all dynamic: nodes start when the job needs them.",
-            type="integer", minimum=0, maximum=256),
+            type="integer", minimum=0, maximum=MAX_NODES),
         "max_nodes": _param(
             p["max_nodes"], "Max nodes", CLUSTER,
             "Size limit of the training queue (MaxCount). Must be at least 'Training nodes'.",
-            type="integer", minimum=1, maximum=256),
+            type="integer", minimum=1, maximum=MAX_NODES),
         "instance_type": _param(
             p["instance_type"], "Compute instance type", CLUSTER,
             "Trn1 instance type of the training queue. EFA and the placement group are enabled on the "
             "32xlarge types.",
-            type="string", enum=TRN1_INSTANCE_TYPES),
+            type="string", enum=list(TRN1_INSTANCE_TYPES)),
         "head_node_instance_type": _param(
             p["head_node_instance_type"], "Head node instance type", CLUSTER,
             "Runs Slurm's controller and the SSH endpoint; it does not train.",
@@ -84,7 +86,7 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             p["image_os"], "Node OS", CLUSTER,
             "Operating system of every node: the Ubuntu releases ParallelCluster 3.16 accepts (the "
             "blog's ubuntu2004 is refused since 3.14).",
-            type="string", enum=IMAGE_OS),
+            type="string", enum=list(IMAGE_OS)),
         "key_name": _param(
             p["key_name"], "EC2 key pair", CLUSTER,
             "Key pair of the head node; its private key is in the ultracluster_head_node connection.",
@@ -104,14 +106,14 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             p["extra_queues"], "Extra queues", CLUSTER,
             f"Multi-queue clusters: more Slurm queues next to '{TRAINING_QUEUE}', where training always "
             'runs. Example: [{"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4}]',
-            type="array", maxItems=49,
+            type="array", maxItems=MAX_QUEUES - 1,
             items={
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["name", "instance_type", "max_nodes"],
                 "properties": {
-                    "name": {"type": "string", "pattern": r"^[a-z][a-z0-9-]{0,24}$"},
-                    "instance_type": {"type": "string", "enum": TRN1_INSTANCE_TYPES},
+                    "name": {"type": "string", "pattern": QUEUE_NAME_PATTERN},
+                    "instance_type": {"type": "string", "enum": list(TRN1_INSTANCE_TYPES)},
                     "min_nodes": {"type": "integer", "minimum": 0},
                     "max_nodes": {"type": "integer", "minimum": 1},
                 },
@@ -175,7 +177,7 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
         "shared_storage_mount_dir": _param(
             p["shared_storage_mount_dir"], "Shared storage mount", DATA,
             "Mount point of FSx for Lustre on every node: job directories, the dataset, the compile cache.",
-            type="string", pattern=r"^/[A-Za-z0-9_./-]+$"),
+            type="string", pattern=ABSOLUTE_PATH_PATTERN),
         "fsx_storage_capacity_gib": _param(
             p["fsx_storage_capacity_gib"], "FSx capacity (GiB)", DATA,
             "FSx for Lustre capacity, in multiples of 1200 GiB.",
@@ -185,7 +187,7 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "Where the jobs put compiler work directories and temporary files (TMPDIR) on each compute "
             f"node. Compute nodes mount their NVMe at {LOCAL_STORAGE_MOUNT_DIR}; a node without this "
             "directory keeps its default /tmp. The compile cache stays on shared storage.",
-            type="string", pattern=r"^/[A-Za-z0-9_./-]+$"),
+            type="string", pattern=ABSOLUTE_PATH_PATTERN),
         # --- Network ---------------------------------------------------------------------------
         "region": _param(
             p["region"], "Region", NETWORK,
@@ -229,7 +231,7 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             None, "Cluster name", ADVANCED,
             "Optional: the ParallelCluster name. Empty: derived from the run id. A cluster of another "
             "run is never adopted.",
-            type=["null", "string"], pattern=r"^[A-Za-z][A-Za-z0-9-]{0,39}$"),
+            type=["null", "string"], pattern=CLUSTER_NAME_PATTERN),
         "training_python": _param(
             p["training_python"], "Training Python", ADVANCED,
             "Python interpreter of the training environment on the compute nodes.",

@@ -267,8 +267,8 @@ def test_every_airflow_module_the_parse_needs_is_pre_imported():
 # network stack hook is not here: AwsBaseOperator checks its aws_hook_class when a VPC operator is built.
 TASK_TIME_ONLY = ("ultracluster.triggers", "ultracluster.parsers", "ultracluster.remote_commands",
                   "ultracluster.hooks.head_node", "ultracluster.hooks.slurm", "ultracluster.hooks.parallelcluster",
-                  "ultracluster.hooks.artifacts", "ultracluster.hooks.cluster_instances", "ultracluster.cost",
-                  "ultracluster.operators._usage", "ultracluster.report", "ultracluster.reaper", "ultracluster.ui",
+                  "ultracluster.hooks.artifacts", "ultracluster.hooks.cluster_instances", "ultracluster.run.cost",
+                  "ultracluster.operators.usage", "ultracluster.report", "ultracluster.reaper", "ultracluster.ui",
                   "ultracluster.cli", "statistics", "matplotlib")
 
 
@@ -320,7 +320,7 @@ def test_each_profile_parses_and_its_defaults_validate(profile):
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
         "assert bag.import_errors == {}, bag.import_errors\n"
         f"values = bag.dags[{DAG_ID!r}].params.validate()\n"
-        "from ultracluster.operators.config import validate_pipeline_params\n"
+        "from ultracluster.operators.cluster_config import validate_pipeline_params\n"
         "validate_pipeline_params(values)\n"
         "print(values['num_nodes'], values['model_size'])\n"
     )

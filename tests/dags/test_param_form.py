@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from ultracluster.params import SECTIONS, dag_params
-from ultracluster.profiles import load_profile
+from ultracluster.params import dag_params
+from ultracluster.run.form import SECTIONS
+from ultracluster.run.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = sorted(p.stem for p in (REPO / "include" / "profiles").glob("*.json"))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from ultracluster.operators.config import cluster_name_for, safe_run_id
-from ultracluster.remote_commands import slurm_job_name
+from ultracluster.run.names import cluster_name_for, safe_run_id
+from ultracluster.run.names import slurm_job_name
 
 from tests.e2e import fault_actions as fa
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY, assert_nothing_left

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ultracluster.operators.config import safe_run_id
-from ultracluster.profiles import load_profile
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.run.names import safe_run_id
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.s3 import split_s3_uri
 
 from tests.e2e.conftest import (
     DAG_ID,

@@ -9,7 +9,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY
 from tests.localcluster.test_reaper_local import create_stack, stack_status
-from ultracluster.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
+from ultracluster.run.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]

@@ -33,9 +33,10 @@ from tests.e2e.conftest import (
     stop_airflow,
 )
 from tests.e2e.test_pipeline import check_results
-from ultracluster.params import SECTIONS, dag_params
-from ultracluster.profiles import load_profile
-from ultracluster.sweep import sweep_point
+from ultracluster.params import dag_params
+from ultracluster.run.form import SECTIONS
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.sweep import sweep_point
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]

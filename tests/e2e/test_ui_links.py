@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, REPO, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left
 from tests.e2e.test_ui_browser import SHOTS, browser, logged_in_page  # noqa: F401 - browser is a fixture
-from ultracluster.operators.config import safe_run_id, vpc_stack_name_for
+from ultracluster.run.names import safe_run_id, vpc_stack_name_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -54,7 +54,7 @@ def wait_for_task_state(api, run_id: str, task_id: str, wanted: str, timeout: fl
 
 
 def test_extra_links_while_deferred_and_the_run_note(browser, airflow_local, e2e_home):  # noqa: F811
-    from ultracluster.cost import load_prices
+    from ultracluster.run.cost import load_prices
     from ultracluster.report.records import XCOM_TASKS
     from ultracluster.report.run_note import NOTE_TITLE, note_text
 

@@ -59,7 +59,7 @@ def write_alone_report(env: dict[str, str]) -> None:
     """The real build_report task, in this process, on two synthetic runs (tests/unit/test_report.py's)."""
     from tests.unit.test_report import run
     from tests.unit.test_results import OutletEvents
-    from ultracluster.report.operator import ScalingReportOperator
+    from ultracluster.operators.scaling_report import ScalingReportOperator
 
     runs = [run(1, mode="weak", avg=60.0, ttt=2.0, points=(1, 2)),
             run(2, mode="weak", avg=110.0, ttt=1.1, points=(1, 2), written=1)]

@@ -121,7 +121,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     from ultracluster.hooks.head_node import HeadNodeHook, HostKeyMismatchError
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.operators.dataset import DownloadDatasetOperator
-    from ultracluster.operators.config import safe_run_id
+    from ultracluster.run.names import safe_run_id
     from ultracluster.operators.results import CollectResultsOperator
     from ultracluster.operators.slurm import SlurmJobOperator
 
@@ -192,15 +192,15 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert trained["results_path"] == f"{trained['output_dir']}/results.json"
     again = train_op.execute(ctx("train", store))
     assert again["job_id"] == trained["job_id"]
-    same_name = slurm.squeue_by_name(rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train"))
+    same_name = slurm.squeue_by_name(slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train"))
     assert [j.job_id for j in same_name] == [trained["job_id"]]
 
     # A stored job id that now names another job (a rebuilt cluster restarts ids at 1; here the
     # compile job in a shared job dir) is not taken for this task's job: a new one is submitted.
-    from ultracluster.operators.slurm import STATE_KEY_JOB_ID
+    from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 
     assert slurm.squeue_job("999999") == []  # an id slurmctld does not know
-    compile_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "parallel_compile")
+    compile_name = slurm_job_name("trn1_bert_pretrain", "manual__it_1", "parallel_compile")
     name_marker = rc.job_file("/fsx/jobs/compile", compiled["job_id"], "name")
     assert slurm.head_node_hook.check(rc.read_file(name_marker)).stdout.strip() == compile_name
     clash = Store({STATE_KEY_JOB_ID: compiled["job_id"]})
@@ -232,7 +232,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     slow = SlurmJobOperator(task_id="train_slow", head_node=head, job_dir="/fsx/jobs/slow", num_nodes=1,
                             job_env={**env, "STEP_SLEEP": "60"}, training_files_dir=str(training), poll_interval=1)
     slow._validate()
-    job_id = slow.submit(ctx("train_slow"), rc.slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train_slow"))
+    job_id = slow.submit(ctx("train_slow"), slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train_slow"))
     slow._job_id = job_id
     slow.on_kill()
     deadline = time.monotonic() + 60
@@ -432,7 +432,7 @@ def test_a_failed_runs_files_reach_s3_and_a_later_run_gets_its_checkpoint(uc_hom
 
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.operators.checkpoint import RestoreCheckpointOperator
-    from ultracluster.operators.config import safe_run_id
+    from ultracluster.run.names import safe_run_id
     from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
     from ultracluster.operators.slurm import SlurmJobOperator
 

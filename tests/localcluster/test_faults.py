@@ -165,7 +165,8 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
     import shlex
 
     from ultracluster import remote_commands
-    from ultracluster.parsers.slurm import parse_sinfo, partition_capacity
+    from ultracluster.parsers.slurm import parse_sinfo
+    from ultracluster.run.fleet import partition_capacity
     from ultracluster.triggers.fleet import FAIL, evaluate_capacity
 
     cluster = uc_home.provision(spec_dict("ft-fleet", min_count=0, max_count=2,

@@ -21,9 +21,9 @@ from botocore.exceptions import ClientError
 from tests.fixtures_localcluster import REGION, TEST_SLOTS, wait_for_status, wait_until_gone
 from tests.unit.airflow_stub import DAG, cli, run
 from tests.unit.airflow_stub import no_ambient_config, stub  # noqa: F401 - fixtures
-from ultracluster.operators.config import safe_run_id
+from ultracluster.run.names import safe_run_id
 from ultracluster.reaper import build_reaper
-from ultracluster.tags import ownership_tags, s3_tagging
+from ultracluster.run.tags import ownership_tags, s3_tagging
 
 pytestmark = pytest.mark.localcluster
 

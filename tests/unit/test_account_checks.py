@@ -8,11 +8,11 @@ import boto3
 import pytest
 
 from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
-from ultracluster.cost import load_prices
+from ultracluster.run.cost import load_prices
 from ultracluster.hooks.account import AccountHook
-from ultracluster.operators._account_checks import account_problems
-from ultracluster.profiles import load_profile
-from ultracluster.tags import tag_problems
+from ultracluster.operators.account_checks import account_problems
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.tags import tag_problems
 
 DATASET = "training_datasets/bert.tar"
 LOG = logging.getLogger("test")

@@ -15,9 +15,9 @@ from tests.unit.test_slurm_job import (OK, TRAIN_NAME, DictStore, ReplayHeadNode
                                        squeue_line, training_dir)  # noqa: F401 (training_dir is a fixture)
 from ultracluster.hooks.head_node import CommandResult
 from ultracluster.operators._slurm_resume import STATE_KEY_AUTO_RESUME, resume_attempts, resume_summary
-from ultracluster.operators.slurm import STATE_KEY_JOB_ID
-from ultracluster.parsers.progress import newest_checkpoint
-from ultracluster.parsers.slurm import is_node_fault
+from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
+from ultracluster.run.contracts import newest_checkpoint
+from ultracluster.run.states import is_node_fault
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 from ultracluster.triggers.slurm import SlurmJobTrigger
 

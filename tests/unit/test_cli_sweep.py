@@ -9,7 +9,7 @@ import pytest
 from tests.unit.airflow_stub import DAG, StubAirflow, cli, one_error_line, run, timeless, tis, token_request
 from tests.unit.airflow_stub import no_ambient_config, stub  # noqa: F401 - fixtures
 from ultracluster.cli.sweeps import past_ticks
-from ultracluster.sweep import sweep_point
+from ultracluster.run.sweep import sweep_point
 
 NOW = datetime(2026, 4, 15, 10, 0, tzinfo=timezone.utc)  # a Wednesday
 UTC = timezone.utc
@@ -74,7 +74,7 @@ def test_sweep_via_backfill_covers_the_last_weekly_ticks(stub, capsys):
         ("POST", "/api/v2/backfills", body),
         ("GET", runs_query(dates), None),
     ]
-    # The DAG's own rule (ultracluster.sweep) gives each date its point: every point once.
+    # The DAG's own rule (ultracluster.run.sweep) gives each date its point: every point once.
     points = [sweep_point(body["dag_run_conf"]["sweep"], datetime.fromisoformat(d), timedelta(days=7))["num_nodes"]
               for d in dates]
     assert sorted(points) == [1, 2, 4]

@@ -8,17 +8,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from ultracluster.operators.config import (
-    CLUSTER_NAME_PATTERN,
-    ConfigValidationError,
-    RenderClusterConfigOperator,
-    cluster_name_for,
-    safe_run_id,
-    validate_cluster_config,
-    validate_pipeline_params,
-)
-from ultracluster.neuron_versions import render_on_node_configured
-from ultracluster.profiles import include_dir, load_profile
+from ultracluster.run.names import CLUSTER_NAME_PATTERN, cluster_name_for, safe_run_id
+from ultracluster.run.plan import ConfigValidationError, validate_plan as validate_pipeline_params
+from ultracluster.operators.cluster_config import RenderClusterConfigOperator, validate_cluster_config
+from ultracluster.run.neuron_versions import render_on_node_configured
+from ultracluster.run.profiles import include_dir, load_profile
 
 REGION = "us-east-1"
 RUN_ID = "manual__2026-11-30T08:00:00.123456+00:00"
@@ -201,7 +195,7 @@ STORAGE_AND_LOGS = {"custom_ami": None, "log_retention_days": 14, "compute_root_
 
 
 def rendered_seed() -> dict:
-    from ultracluster.operators.config import build_queues, render_cluster_config
+    from ultracluster.operators.cluster_config import build_queues, render_cluster_config
 
     context = {
         "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
@@ -241,7 +235,7 @@ def test_schema_rejects_what_pcluster_would(mutate, message):
 
 def test_a_missing_network_output_cannot_render_a_valid_config():
     """A None subnet must fail validation rather than reach pcluster as the string 'None'."""
-    from ultracluster.operators.config import build_queues, render_cluster_config
+    from ultracluster.operators.cluster_config import build_queues, render_cluster_config
 
     text = render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), {
         "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",

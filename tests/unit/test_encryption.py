@@ -15,7 +15,7 @@ from tests.unit.test_results import HEAD, OutletEvents, job_outputs
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.results import CollectResultsOperator
-from ultracluster.s3_encryption import EncryptionError, check_sse, profile_sse, sse_args, sse_headers
+from ultracluster.run.s3 import EncryptionError, check_sse, profile_sse, sse_args, sse_headers
 
 BUCKET = "ultracluster-artifacts"
 KMS = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "arn:aws:kms:us-east-1:123456789012:key/uc-test"}
@@ -63,7 +63,7 @@ def test_operators_refuse_anything_but_the_encryption_parameters():
 
 
 def test_both_shipped_profiles_default_to_sse_s3(monkeypatch):
-    from ultracluster.profiles import load_profile
+    from ultracluster.run.profiles import load_profile
 
     monkeypatch.delenv("ULTRACLUSTER_S3_ENCRYPTION", raising=False)
     monkeypatch.delenv("ULTRACLUSTER_S3_KMS_KEY_ID", raising=False)
@@ -150,7 +150,7 @@ def test_the_compile_cache_archive_is_saved_encrypted_and_restores(tmp_path, aws
 
 
 def test_usage_json_and_the_rewritten_results_json_are_encrypted(artifacts):
-    from ultracluster.operators._usage import _write_beside_results
+    from ultracluster.operators.usage import _write_beside_results
 
     prefix = "runs/results/trn1_bert_pretrain/r1/"
     artifacts.put_object(Bucket=BUCKET, Key=prefix + "results.json", Body=b"{}", ServerSideEncryption="AES256")
@@ -179,7 +179,7 @@ def test_the_sweep_index_and_the_write_probe_are_encrypted(artifacts, monkeypatc
     original = ArtifactsS3Hook.load_string
     monkeypatch.setattr(ArtifactsS3Hook, "load_string", lambda self, *a, **kw: (sent.append(self.sse),
                                                                                 original(self, *a, **kw))[1])
-    from ultracluster.operators._account_checks import _writable
+    from ultracluster.operators.account_checks import _writable
 
     assert _writable(ArtifactsS3Hook(aws_conn_id="uc_test_aws", sse=KMS), "artifacts_s3_uri", f"s3://{BUCKET}/runs",
                      "run-1.probe") == []
@@ -190,7 +190,7 @@ def test_render_config_uploads_the_config_and_the_node_script_encrypted(s3):
     from datetime import datetime, timezone
 
     from tests.unit.test_config import make_context, render_op
-    from ultracluster.profiles import load_profile
+    from ultracluster.run.profiles import load_profile
 
     params = load_profile("production")
     context = make_context(params)

@@ -20,7 +20,8 @@ from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUn
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError
 from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor
-from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, cluster_identity, evaluate_cluster
+from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, evaluate_cluster
+from ultracluster.parsers.pcluster import cluster_identity
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedAtFirstContact"

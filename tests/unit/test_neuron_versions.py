@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ultracluster.neuron_versions import (
+from ultracluster.run.neuron_versions import (
     PLACEHOLDER,
     VersionsError,
     apt_specs,
@@ -28,7 +28,7 @@ from ultracluster.neuron_versions import (
     replace_readme_block,
     unpinned,
 )
-from ultracluster.profiles import include_dir
+from ultracluster.run.profiles import include_dir
 
 BASH = shutil.which("bash")
 INSTALLERS = ("apt-get", "apt-cache", "apt-mark", "wget", "curl", "gpg", "install", "tar", "python3", "pip", "lspci")
@@ -142,7 +142,7 @@ def test_render_needs_one_versions_block(versions):
 def test_training_readme_quotes_the_versions_file(versions):
     readme = (include_dir() / "training" / "README.md").read_text()
     assert replace_readme_block(readme, versions) == readme, (
-        "include/training/README.md is stale: python -m ultracluster.neuron_versions readme")
+        "include/training/README.md is stale: python -m ultracluster.run.neuron_versions readme")
     for spec in apt_specs(versions) + pip_specs(versions):
         assert f"`{spec}`" in readme
     assert f"Neuron {versions['NEURON_RELEASE']}" in readme_block(versions)

@@ -12,17 +12,8 @@ import pytest
 
 from tests.fixtures.pcluster.fake_pcluster import RECORDED, FakePcluster
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
-from ultracluster.parsers.pcluster import (
-    ClusterAlreadyExistsError,
-    ClusterNotFoundError,
-    ClusterValidationError,
-    PclusterError,
-    cluster_status,
-    failures,
-    head_node_address,
-    parse_cli_result,
-    tags_dict,
-)
+from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError, ClusterValidationError, PclusterError, cluster_status, failures, head_node_address, parse_cli_result
+from ultracluster.run.tags import tags_dict
 
 CONN_ID = "pcluster_unit"
 

@@ -504,7 +504,7 @@ def local_aws(uc_env, monkeypatch):
 
 
 def aws_side_tasks(params: dict):
-    from ultracluster.operators.config import RenderClusterConfigOperator
+    from ultracluster.operators.cluster_config import RenderClusterConfigOperator
     from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 
     create_vpc = CreateVpcStackOperator(task_id="create_vpc", stack_name="uc-vpc-localtest",
@@ -531,7 +531,7 @@ def aws_side_tasks(params: dict):
 
 @pytest.mark.localcluster
 def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
-    from ultracluster.profiles import load_profile
+    from ultracluster.run.profiles import load_profile
 
     params = load_profile("local")
     context = make_context(run_id="manual__localtest")
@@ -586,7 +586,7 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
 def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws, capsys):
     from ultracluster.parsers.pcluster import ClusterNotFoundError
     from ultracluster.hooks.parallelcluster import ParallelClusterHook
-    from ultracluster.profiles import load_profile
+    from ultracluster.run.profiles import load_profile
 
     params = dict(load_profile("local"), extra_tags={"local-ultracluster:fail-create": "OnNodeConfiguredExecutionFailure"})
     context = make_context(run_id="manual__localfail")

@@ -24,15 +24,12 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from ultracluster.operators.config import (
-    ConfigValidationError,
-    RenderClusterConfigOperator,
-    render_cluster_config,
-    validate_cluster_config,
-)
-from ultracluster.params import IMAGE_OS, dag_params
-from ultracluster.profiles import include_dir, load_profile
-from ultracluster.s3_encryption import profile_sse
+from ultracluster.run.plan import ConfigValidationError
+from ultracluster.operators.cluster_config import RenderClusterConfigOperator, render_cluster_config, validate_cluster_config
+from ultracluster.params import dag_params
+from ultracluster.run.form import IMAGE_OS
+from ultracluster.run.profiles import include_dir, load_profile
+from ultracluster.run.s3 import profile_sse
 
 REPO = Path(__file__).resolve().parents[2]
 PCLUSTER_BIN = REPO / ".venvs" / "pcluster" / "bin"

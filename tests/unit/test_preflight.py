@@ -11,8 +11,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 from ultracluster.operators.preflight import PreflightOperator
-from ultracluster.profiles import load_profile
-from ultracluster.sweep import ORIGIN
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.sweep import ORIGIN
 
 WEEK = timedelta(days=7)
 RUN_ID = "backfill__2026-11-15T00:00:00+00:00"

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ultracluster.profiles import ProfileError, include_dir, load_profile
+from ultracluster.run.profiles import ProfileError, include_dir, load_profile
 
 REPO = include_dir().parent
 

@@ -1,4 +1,4 @@
-"""The reaper's rules (ultracluster.reaper.classify) and the tags they read (ultracluster.tags).
+"""The reaper's rules (ultracluster.reaper.classify) and the tags they read (ultracluster.run.tags).
 
 The deletes themselves run against the real moto server and the local pcluster CLI:
 tests/localcluster/test_reaper_local.py.
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ultracluster.reaper.classify import judge
-from ultracluster.tags import (
+from ultracluster.run.tags import (
     CREATED_BY_TAG, DAG_ID_TAG, EXPIRES_AT_TAG, RUN_ID_TAG, expires_at, ownership_tags, parse_expiry, run_tags,
     s3_tagging, tag_problems,
 )

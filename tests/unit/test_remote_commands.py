@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ultracluster.run.names import slurm_job_name
 from ultracluster import remote_commands as rc
 from ultracluster.parsers.progress import error_reasons, parse_launch
 
@@ -260,13 +261,13 @@ def test_read_log_chunk_is_byte_exact(tmp_path):
 
 
 def test_job_name_is_deterministic_safe_and_distinct():
-    a = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
-    assert a == rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
-    assert a != rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:01+00:00", "train")
-    assert a != rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "parallel_compile")
-    hostile = rc.slurm_job_name("d'; rm -rf /", "r$(id)", "t`x`")
+    a = slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    assert a == slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    assert a != slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:01+00:00", "train")
+    assert a != slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "parallel_compile")
+    hostile = slurm_job_name("d'; rm -rf /", "r$(id)", "t`x`")
     assert shlex.quote(hostile) == hostile
-    assert len(rc.slurm_job_name("d" * 500, "r", "t")) <= rc.JOB_NAME_MAX
+    assert len(slurm_job_name("d" * 500, "r", "t")) <= rc.JOB_NAME_MAX
 
 
 def test_checksum_manifest_verification(tmp_path):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from ultracluster.cost import PriceError, estimate, load_prices, run_cost
-from ultracluster.report.operator import ScalingReportOperator, requested_sweeps
+from ultracluster.run.cost import PriceError, estimate, load_prices, run_cost
+from ultracluster.operators.scaling_report import ScalingReportOperator, requested_sweeps
 from ultracluster.report.plot import DPI, SIZE_INCHES, plot_png
 from ultracluster.report.records import run_record
 from ultracluster.report.render import render_html, render_markdown, report_json
@@ -42,7 +42,7 @@ def test_estimate_by_hand():
 def test_the_budget_guard_projects_spent_plus_remaining():
     from datetime import datetime, timedelta, timezone
 
-    from ultracluster.cost import budget_verdict
+    from ultracluster.run.cost import budget_verdict
 
     now = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
     budget = {"max_usd": 1000.0, "usd_per_hour": 344.0, "since": (now - timedelta(hours=2)).isoformat()}
@@ -334,7 +334,7 @@ def test_only_a_missing_run_reads_as_no_state(monkeypatch):
     from airflow.sdk.execution_time.comms import ErrorResponse
     from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-    from ultracluster.report.operator import dagrun_state
+    from ultracluster.hooks.dag_runs import get_dagrun_state as dagrun_state
 
     def failing(status):
         def get_dagrun_state(dag_id, run_id):

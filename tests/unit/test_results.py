@@ -10,8 +10,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 import ultracluster.hooks.head_node as head_node_module
-from ultracluster.operators.config import safe_run_id
-from ultracluster.operators.results import CollectResultsOperator, extract_metrics, select_artifacts, summary_table
+from ultracluster.run.names import safe_run_id
+from ultracluster.operators.results import CollectResultsOperator, summary_table
+from ultracluster.run.contracts import extract_metrics, select_artifacts
 from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
 
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ultracluster.cost import load_prices
+from ultracluster.run.cost import load_prices
 from ultracluster.report.records import XCOM_TASKS
 from ultracluster.report.run_note import NOTE_MAX_CHARS, NOTE_TITLE, merged_note, note_text
 from ultracluster.report.summary import run_summary, summary_lines

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.run.s3 import split_s3_uri
 
 
 @pytest.mark.parametrize(("uri", "expected"), [

@@ -19,11 +19,13 @@ from datetime import datetime, timezone
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
+from ultracluster.run.names import slurm_job_name
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
-from ultracluster.operators.slurm import STATE_KEY_JOB_ID, SlurmJobOperator
+from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
+from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.triggers import slurm as slurm_trigger_module
 from ultracluster.triggers.slurm import SlurmJobTrigger
 
@@ -145,8 +147,8 @@ def context(store=None):
 
 OK = CommandResult(0, "", "")
 RUN_ID = "manual__2026-11-30T08:00:00+00:00"
-TRAIN_NAME = rc.slurm_job_name("trn1_bert_pretrain", RUN_ID, "train")
-COMPILE_NAME = rc.slurm_job_name("trn1_bert_pretrain", RUN_ID, "parallel_compile")
+TRAIN_NAME = slurm_job_name("trn1_bert_pretrain", RUN_ID, "train")
+COMPILE_NAME = slurm_job_name("trn1_bert_pretrain", RUN_ID, "parallel_compile")
 # slurmctld no longer knows the id (squeue prints what scontrol prints for it)
 SQUEUE_UNKNOWN = CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified\n")
 
@@ -194,7 +196,7 @@ def test_fresh_submit_copies_files_stores_id_and_defers(training_dir):
         op.execute(ctx)
     assert replay.programs() == ["squeue", "mkdir", "sbatch"]
     sbatch = replay.calls[-1]
-    expected_name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    expected_name = slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     assert argv(sbatch)[argv(sbatch).index("--job-name") + 1] == expected_name
     assert argv(sbatch)[argv(sbatch).index("--partition") + 1] == "compute1"
     assert "SCALING_MODE=strong" in argv(sbatch) and "OUTPUT_ROOT=/fsx/jobs/run1/train" in argv(sbatch)
@@ -255,7 +257,7 @@ def test_the_budget_guard_skips_the_warm_up_line_and_needs_its_inputs(training_d
 
 
 def test_reattaches_by_name_without_submitting(training_dir):
-    name = rc.slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
+    name = slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "train")
     replay = ReplayHeadNode(squeue=[CommandResult(0, squeue_line("40", name, "FAILED").stdout + squeue_line("41", name, "RUNNING").stdout, "")])
     store = DictStore()
     ctx = context(store)

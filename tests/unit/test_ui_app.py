@@ -14,7 +14,7 @@ import pytest
 from tests.unit.test_dataset import empty_bucket, moto_endpoint  # noqa: F401 - fixture
 from tests.unit.test_report import run
 from tests.unit.test_results import OutletEvents
-from ultracluster.report.operator import ScalingReportOperator
+from ultracluster.operators.scaling_report import ScalingReportOperator
 
 BUCKET = "uc-ui-test"
 ARTIFACTS = f"s3://{BUCKET}/runs"

@@ -12,7 +12,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.fixtures_localcluster import install_moto_stack_deletes
 from ultracluster.links import CloudFormationStackLink
-from ultracluster.operators.vpc import RUN_ID_TAG, CreateVpcStackOperator, DeleteVpcStackOperator
+from ultracluster.run.tags import RUN_ID_TAG
+from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 
 REGION = "us-east-1"
 RUN_ID = "manual__2026-11-30T08:00:00+00:00"

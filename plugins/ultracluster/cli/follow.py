@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 from ultracluster.cli.client import AirflowClient, segment
+from ultracluster.run.states import RUN_ENDED
 
-ENDED = ("success", "failed")
 TASK_WIDTH = len("save_failure_artifacts")  # the longest task id of trn1_bert_pretrain
 
 
@@ -79,9 +79,9 @@ def follow(client: AirflowClient, runs: list[Followed], *, poll_s: float, timeou
         elapsed = time.monotonic() - start
         for run in pending:
             run.poll(client, elapsed)
-            if run.state in ENDED:
+            if run.state in RUN_ENDED:
                 say(f"{run.label}run {run.run_id} finished: {run.state} in {elapsed:.0f} s")
-        pending = [run for run in pending if run.state not in ENDED]
+        pending = [run for run in pending if run.state not in RUN_ENDED]
         if pending and timeout_s and time.monotonic() - start >= timeout_s:
             for run in pending:
                 say(f"{run.label}run {run.run_id} still {run.state} after {timeout_s:.0f} s: "

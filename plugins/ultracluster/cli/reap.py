@@ -12,6 +12,8 @@ import json
 import sys
 
 from ultracluster.cli.client import AirflowClient, CliError, segment
+from ultracluster.reaper import build_reaper
+from ultracluster.run.profiles import ProfileError, load_profile
 
 
 def api_run_state(client: AirflowClient):
@@ -34,9 +36,6 @@ def add_parser(commands: argparse._SubParsersAction, shared: argparse.ArgumentPa
 
 
 def cmd_reap(client: AirflowClient, args: argparse.Namespace) -> int:
-    from ultracluster.profiles import ProfileError, load_profile
-    from ultracluster.reaper import build_reaper
-
     try:
         profile = load_profile() if args.region is None or args.artifacts_s3_uri is None else {}
     except ProfileError as exc:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 from ultracluster.cli.client import DEFAULT_DAG, AirflowClient, CliError, segment
 from ultracluster.cli.follow import Followed, follow, run_path, say, task_instances, task_line, task_name, xcom_value
+from ultracluster.report.records import XCOM_TASKS
+from ultracluster.report.summary import run_summary, summary_lines
+from ultracluster.run.cost import NO_PRICES, PriceError, load_prices
 
 REPORT_DAG = "trn1_scaling_report"
 REPORT_TASK = "build_report"
@@ -92,10 +95,6 @@ def cmd_trigger(client: AirflowClient, args: argparse.Namespace) -> int:
 def show_summary(client: AirflowClient, dag_id: str, run_id: str, state: str, known: dict) -> None:
     """The run summary (report/summary.py): time, idle fleet minutes, instance-hours and cost.
     ``known``: XComs already fetched, by task id."""
-    from ultracluster.cost import NO_PRICES, PriceError, load_prices
-    from ultracluster.report.records import XCOM_TASKS
-    from ultracluster.report.summary import run_summary, summary_lines
-
     xcoms = {task: known[task] if task in known else xcom_value(client, dag_id, run_id, task) for task in XCOM_TASKS}
     if not any(xcoms.values()):
         return   # not a pipeline run: nothing to sum up

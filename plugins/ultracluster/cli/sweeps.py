@@ -1,6 +1,6 @@
 """`ultracluster sweep`: one training run per node count, as a fan-out of runs or as a backfill.
 
-A backfilled run picks its point from its logical date (``ultracluster.sweep``): index = whole weeks
+A backfilled run picks its point from its logical date (``ultracluster.run.sweep``): index = whole weeks
 since 2023-01-01 (a Sunday) modulo the number of points, so any ``len(points)`` consecutive weekly
 ticks cover each point once. The backfill spans the most recent ``len(points)`` ticks (Sunday
 00:00 UTC) strictly before now:
@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 from ultracluster.cli.client import AirflowClient, CliError, segment
 from ultracluster.cli.follow import Followed, follow, run_path, say, task_instances, xcom_value
 from ultracluster.cli.runs import build_conf, ensure_unpaused, start_run
-from ultracluster.sweep import ORIGIN, tick_index
+from ultracluster.run.sweep import ORIGIN, tick_index
 
 WEEK = timedelta(days=7)  # the DAG's @weekly schedule; ORIGIN is one of its ticks (a Sunday 00:00 UTC)
 NETWORK_DAG = "trn1_sweep_network"
@@ -65,7 +65,7 @@ def iso(moment: datetime) -> str:
 
 
 def point_at(nodes: list[int], logical_date: datetime) -> int:
-    """The node count a backfilled run at ``logical_date`` trains (``ultracluster.sweep``'s rule)."""
+    """The node count a backfilled run at ``logical_date`` trains (``ultracluster.run.sweep``'s rule)."""
     return nodes[tick_index(logical_date, WEEK) % len(nodes)]
 
 

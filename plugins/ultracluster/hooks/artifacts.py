@@ -1,19 +1,21 @@
 """S3Hook for the pipeline's own objects: every write carries the deployment's server-side encryption
-(``ultracluster.s3_encryption``; docs/operations.md, "Encryption")."""
+(``ultracluster.run.s3``; docs/operations.md, "Encryption")."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from botocore.config import Config
+from botocore.exceptions import ClientError
 
-from ultracluster.s3_encryption import check_sse, sse_headers
+from ultracluster.run.s3 import check_sse, sse_headers
 
 
 class ArtifactsS3Hook(S3Hook):
     """S3Hook whose uploads (``load_string``, ``load_bytes``, ...) send ``sse`` as ``extra_args``.
 
-    :param sse: ``ultracluster.s3_encryption.sse_args(...)``; None: SSE-S3.
+    :param sse: ``ultracluster.run.s3.sse_args(...)``; None: SSE-S3.
     """
 
     def __init__(self, *args: Any, sse: Mapping[str, str] | None = None, **kwargs: Any) -> None:
@@ -33,9 +35,6 @@ class ArtifactsS3Hook(S3Hook):
                                http_method: str | None = None) -> str | None:
         """Signature V4, which SSE-KMS objects require (botocore presigns S3 with V2 by default);
         a ``put_object`` URL has the encryption headers signed in, so the upload must send them."""
-        from botocore.config import Config
-        from botocore.exceptions import ClientError
-
         params = dict(params or {})
         if client_method == "put_object":
             params.update(self.sse)

@@ -7,7 +7,8 @@ other: the connection's own ``no_host_key_check``/``host_key`` extras and known_
 overridden, never trusted.
 
 Wraps the providers-ssh hooks: ``SSHHook`` (paramiko) in workers, ``SSHHookAsync`` (asyncssh) in
-triggers. paramiko/asyncssh are imported inside methods (the DAG file imports this at parse time).
+triggers. paramiko and asyncssh (and providers-ssh, which imports paramiko) load inside the methods
+that use them: heavy libraries stay out of the DAG's parse (docs/architecture.md, "Imports").
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import asyncio
 import contextlib
 import logging
 import posixpath
+import selectors
+from base64 import b64decode
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +28,12 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.pinned_ssh import (
+    afetch_host_key,
+    fetch_host_key,
+    pinned_async_hook_class,
+    pinned_sync_hook_class,
+)
 
 if TYPE_CHECKING:
     import asyncssh
@@ -77,8 +86,6 @@ def _collect(channel: paramiko.Channel, idle_timeout: float) -> tuple[int, bytes
     """(exit status, stdout, stderr): both streams read together to EOF, as providers-ssh's
     ``exec_ssh_client_command`` does. They share the channel's flow-control window: a command filling
     one while only the other is read would stall. TimeoutError after ``idle_timeout`` s without output."""
-    import selectors
-
     out, err = bytearray(), bytearray()
 
     def drain() -> None:
@@ -97,109 +104,6 @@ def _collect(channel: paramiko.Channel, idle_timeout: float) -> tuple[int, bytes
     if not channel.status_event.wait(idle_timeout):
         raise TimeoutError(f"no exit status {idle_timeout:g}s after EOF")
     return channel.recv_exit_status(), bytes(out), bytes(err)
-
-
-def _pinned_sync_hook_class():
-    """SSHHook whose only known host key is the pinned one.
-
-    SSHHook.get_conn loads ~/.ssh/known_hosts, which paramiko consults before the hook's own key:
-    an entry there would accept another key or refuse the pinned one. This get_conn builds the
-    paramiko client without any known_hosts file.
-    """
-    import paramiko
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
-    class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
-        """Called (before authentication) when the server offers another key type than the pin's."""
-
-        def __init__(self, pinned: paramiko.PKey) -> None:
-            self.pinned = pinned
-
-        def missing_host_key(self, client, hostname, key) -> None:
-            if key != self.pinned:
-                raise paramiko.BadHostKeyException(hostname, key, self.pinned)
-
-    class PinnedSSHHook(SSHHook):
-        def __init__(self, *, pinned_host_key: paramiko.PKey, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.pinned_host_key = pinned_host_key
-            # The connection may say no_host_key_check/allow_host_key_change/host_key: the pin wins.
-            self.host_key = pinned_host_key
-            self.no_host_key_check = False
-            self.allow_host_key_change = False
-
-        def get_conn(self) -> paramiko.SSHClient:
-            if self.client:
-                transport = self.client.get_transport()
-                if transport and transport.is_active():
-                    return self.client
-            pinned = self.pinned_host_key
-            client = paramiko.SSHClient()  # no load_system_host_keys: the pin is the only authority
-            host = self.remote_host if int(self.port) == 22 else f"[{self.remote_host}]:{self.port}"
-            # A known entry also makes paramiko ask the server for the pin's key type first.
-            client.get_host_keys().add(host, pinned.get_name(), pinned)
-            client.set_missing_host_key_policy(_PinnedKeyPolicy(pinned))
-            kwargs: dict[str, Any] = {
-                "hostname": self.remote_host,
-                "port": self.port,
-                "username": self.username,
-                "timeout": self.conn_timeout,
-                "compress": self.compress,
-                "sock": self.host_proxy,
-                "look_for_keys": self.look_for_keys,
-                "banner_timeout": self.banner_timeout,
-                "auth_timeout": self.auth_timeout,
-            }
-            if self.password:
-                kwargs["password"] = self.password.strip()
-            if self.pkey:
-                kwargs["pkey"] = self.pkey
-            if self.key_file:
-                kwargs["key_filename"] = self.key_file
-            if self.disabled_algorithms:
-                kwargs["disabled_algorithms"] = self.disabled_algorithms
-            try:
-                client.connect(**kwargs)
-                server_key = client.get_transport().get_remote_server_key()
-                if server_key != pinned:  # belt and braces: nothing runs on another key
-                    raise paramiko.BadHostKeyException(host, server_key, pinned)
-            except BaseException:
-                client.close()
-                raise
-            if self.keepalive_interval:
-                client.get_transport().set_keepalive(self.keepalive_interval)
-            if self.ciphers:
-                client.get_transport().get_security_options().ciphers = self.ciphers
-            self.client = client
-            return client
-
-    return PinnedSSHHook
-
-
-def _pinned_async_hook_class():
-    """SSHHookAsync whose known hosts are always exactly the pinned key."""
-    from airflow.providers.ssh.hooks.ssh import SSHHookAsync
-
-    class PinnedSSHHookAsync(SSHHookAsync):
-        def __init__(self, *, pinned_host_key: str, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self._pinned_host_key = pinned_host_key
-            self._pin()
-
-        def _pin(self) -> None:
-            import asyncssh
-
-            key = asyncssh.import_public_key(self._pinned_host_key)
-            # Lists (trusted keys, CA keys, revoked keys) skip name matching: this key, for this
-            # connection, whatever port it runs on.
-            self.known_hosts = ([key], [], [])  # type: ignore[assignment]
-
-        def _parse_extras(self, conn: Any) -> None:
-            super()._parse_extras(conn)
-            # The connection may say no_host_key_check/host_key; the pinned key wins.
-            self._pin()
-
-    return PinnedSSHHookAsync
 
 
 class HeadNodeHook(BaseHook):
@@ -246,13 +150,11 @@ class HeadNodeHook(BaseHook):
     def get_ssh_hook(self):
         """providers-ssh SSHHook for this head node, expecting exactly the pinned host key."""
         if self._ssh_hook is None:
-            from base64 import b64decode
-
             import paramiko
 
             key_type, key_data = self.host_key.split()[:2]
             # One connect attempt: unreachable-host retries are the callers' (they back off across polls).
-            self._ssh_hook = _pinned_sync_hook_class()(
+            self._ssh_hook = pinned_sync_hook_class()(
                 ssh_conn_id=self.ssh_conn_id,
                 remote_host=self.address,
                 conn_timeout=int(self.conn_timeout),
@@ -332,22 +234,13 @@ class HeadNodeHook(BaseHook):
 
     # ------------------------------------------------------------------------------ async
 
-    @staticmethod
-    async def afetch_host_key(address: str, port: int, timeout: float = 10) -> str:
-        """First contact over asyncssh: the head node's host key as ``"<type> <base64>"`` (the pin)."""
-        import asyncssh
-
-        algorithms = ["ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256"]  # preferred first
-        fetch = asyncssh.get_server_host_key(address, port, server_host_key_algs=algorithms)
-        key = await asyncio.wait_for(fetch, timeout)
-        if key is None:
-            raise OSError(f"{address}:{port} offered no host key")
-        key_type, key_data = key.export_public_key("openssh").decode().split()[:2]
-        return f"{key_type} {key_data}"
+    # First contact (hooks/pinned_ssh.py): the head node's key as "<type> <base64>", the pin.
+    afetch_host_key = staticmethod(afetch_host_key)
+    fetch_host_key = staticmethod(fetch_host_key)
 
     def get_async_hook(self):
         """providers-ssh SSHHookAsync for this head node, expecting exactly the pinned key."""
-        return _pinned_async_hook_class()(
+        return pinned_async_hook_class()(
             ssh_conn_id=self.ssh_conn_id, host=self.address, pinned_host_key=self.host_key
         )
 

@@ -11,7 +11,7 @@ from airflow.providers.amazon.aws.hooks.cloud_formation import CloudFormationHoo
 from airflow.providers.amazon.aws.hooks.ec2 import EC2Hook
 from botocore.exceptions import ClientError
 
-from ultracluster.tags import RUN_ID_TAG
+from ultracluster.run.tags import RUN_ID_TAG
 
 # Stack outputs (vpc.yaml) -> the network dict's keys.
 OUTPUT_KEYS = {

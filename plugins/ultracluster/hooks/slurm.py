@@ -6,6 +6,7 @@ this module only runs them through ``HeadNodeHook`` (sync) or its asyncssh path 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from ultracluster import remote_commands
 from ultracluster.hooks.head_node import DEFAULT_SSH_CONN_ID, CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.parsers import slurm as parse
 from ultracluster.parsers.files import LogChunk, parse_log_chunk
+from ultracluster.run.states import JOB_SUCCESS_STATES, JOB_TERMINAL_STATES, JOB_UNKNOWN
 
 if TYPE_CHECKING:
     import asyncssh
@@ -36,7 +38,7 @@ class JobStatus:
     """Where a job stands, from the best source still available."""
 
     job_id: str
-    state: str  # Slurm base state, or "UNKNOWN" when no source knows the job any more
+    state: str  # Slurm base state, or JOB_UNKNOWN when no source knows the job any more
     exit_code: int | None
     signal: int | None
     reason: str | None
@@ -45,19 +47,20 @@ class JobStatus:
 
     @property
     def terminal(self) -> bool:
-        return self.state in parse.TERMINAL_STATES or self.state == "UNKNOWN"
+        return self.state in JOB_TERMINAL_STATES or self.state == JOB_UNKNOWN
 
     @property
     def succeeded(self) -> bool:
-        return self.state in parse.SUCCESS_STATES
+        return self.state in JOB_SUCCESS_STATES
 
     def to_dict(self) -> dict[str, Any]:
+        """Event and XCom fields (``job_reason``: an event's ``reason`` is its code, run.events)."""
         return {
             "job_id": self.job_id,
             "state": self.state,
             "exit_code": self.exit_code,
             "signal": self.signal,
-            "reason": self.reason,
+            "job_reason": self.reason,
             "source": self.source,
         }
 
@@ -96,7 +99,7 @@ def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
         return JobStatus(job_id, "COMPLETED" if code == 0 else "FAILED", code, 0, "from exit marker", "exit_marker")
     return JobStatus(
         job_id,
-        "UNKNOWN",
+        JOB_UNKNOWN,
         None,
         None,
         "slurmctld no longer knows the job (MinJobAge), there is no accounting and no exit marker",
@@ -121,7 +124,7 @@ def _job_status_plan(job_id: str, job_dir: str, job_name: str | None) -> StatusP
     if status is None:
         marker = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "exit"), 64)
         status = _status_from_exit_marker(job_id, marker)
-        if job_name is not None and status.state != "UNKNOWN":
+        if job_name is not None and status.state != JOB_UNKNOWN:
             name = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "name"), 1024)
             status = dataclasses.replace(status, name=name.stdout.strip() or None)
     return status
@@ -294,9 +297,7 @@ class SlurmHook(BaseHook):
     ) -> parse.WaitEnd:
         """Run one long-lived head-node wait command (``remote_commands.wait``) on ``conn``: its stdout
         goes to ``on_output`` chunk by chunk (False stops it), its last stderr line says why it ended."""
-        import asyncio
-
-        import asyncssh
+        import asyncssh  # heavy: never at parse time (docs/architecture.md, "Imports")
 
         try:
             process = await conn.create_process(command.shell, encoding=None)

@@ -3,30 +3,29 @@
 The URI names a checkpoint object the training program wrote (``.../ckpt_<step>.pt``) or a prefix
 holding some, as collect_results (``<artifacts>/results/<dag_id>/<run>/``) and save_failure_artifacts
 (``<artifacts>/failed/<dag_id>/<run>/``) leave them; under a prefix the highest step wins. preflight
-checks that it resolves before anything is spent (``resume_problems``); restore_checkpoint downloads
+checks that it resolves before anything is spent (``account_checks``); restore_checkpoint downloads
 it onto shared storage with a presigned GET (the head node needs no AWS credentials, the file never
 travels through the worker) and train's job gets its path as RESUME_CKPT.
 """
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
-from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.hooks.head_node import HeadNodeHook
+from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.run.contracts import CHECKPOINT_KEY
+from ultracluster.run.s3 import split_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-# The training program's checkpoint names (CHECKPOINT_PATTERN in include/training); hidden
-# ``.ckpt_<step>.pt.tmp`` files being written never match.
-CHECKPOINT_KEY = re.compile(r"(?:^|/)ckpt_(\d+)\.pt$")
 
 
 class ResumeFromError(ValueError):
@@ -54,25 +53,6 @@ def resolve_checkpoint(s3: Any, uri: str) -> tuple[str, str, int]:
         raise ResumeFromError(f"no checkpoint (ckpt_<step>.pt) at or under {uri}")
     step, key = max(found)
     return bucket, key, step
-
-
-def resume_problems(s3: Any, uri: str | None) -> list[str]:
-    """preflight's check: empty when ``uri`` is unset or resolves to a checkpoint."""
-    from botocore.exceptions import ClientError
-
-    from ultracluster.operators._account_checks import _code, _deterministic
-
-    if not uri:
-        return []
-    try:
-        resolve_checkpoint(s3, uri)
-    except ResumeFromError as err:
-        return [f"resume_from: {err}"]
-    except ClientError as err:
-        if not _deterministic(err):
-            raise
-        return [f"resume_from: {uri} is not readable: {_code(err) or err}"]
-    return []
 
 
 class RestoreCheckpointOperator(RemoteTransferMixin, BaseOperator):
@@ -110,11 +90,6 @@ class RestoreCheckpointOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        from ultracluster import remote_commands
-        from ultracluster.hooks.head_node import HeadNodeHook
-
         if self.resume_from in (None, "", "None"):
             self.log.info("resume_from is not set: train starts from step 0 (or from its own checkpoints)")
             return {"enabled": False, "path": None}

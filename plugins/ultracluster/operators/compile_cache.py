@@ -15,9 +15,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
-from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.s3_encryption import check_sse
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.head_node import HeadNodeHook
+from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.run.compile_cache import cache_facts, cache_key, cache_object, compiler_version
+from ultracluster.run.s3 import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,7 +41,6 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
     :param s3_encryption: server-side encryption of the saved archive (``s3_encryption.sse_args``).
     Returns ``{"enabled", "key", "s3_uri", "restored"|"saved", "bytes"}``.
     """
-
     template_fields: Sequence[str] = ("head_node", "compile_cache_s3_uri", "cache_dir", "cache_facts")
     ui_color = "#e8daef"
 
@@ -71,11 +74,6 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from ultracluster import remote_commands
-        from ultracluster.compile_cache import cache_facts, cache_key, cache_object, compiler_version
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-        from ultracluster.hooks.head_node import HeadNodeHook
-
         if not self.compile_cache_s3_uri:
             self.log.info("compile_cache_s3_uri is not set: no compile cache is kept between runs")
             return {"enabled": False}
@@ -99,8 +97,6 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
             head_node.check(remote_commands.remove_files(tar_path, tar_path + ".part"))
 
     def _restore(self, s3, head_node, bucket: str, object_key: str, tar_path: str, pid_file: str) -> dict:
-        from ultracluster import remote_commands
-
         head = s3.head_object(key=object_key, bucket_name=bucket)
         if head is None:
             self.log.info("No archive at s3://%s/%s yet: parallel_compile starts from a cold cache", bucket, object_key)
@@ -118,8 +114,6 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         return {"restored": True, "bytes": size}
 
     def _save(self, s3, head_node, bucket: str, object_key: str, tar_path: str, pid_file: str) -> dict:
-        from ultracluster import remote_commands
-
         packed = head_node.check(remote_commands.pack_tar(self.cache_dir, tar_path), timeout=self.transfer_timeout)
         size = int(packed.stdout.strip().splitlines()[-1])
         if size > MAX_SINGLE_PUT_BYTES:

@@ -16,12 +16,16 @@ import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
-from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.hooks.head_node import HeadNodeHook
+from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.parsers.files import parse_file_listing
+from ultracluster.run.s3 import split_s3_uri
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -83,7 +87,6 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
     :param file_pattern: glob of the training files.
     :return: ``{"data_dir": <directory holding the files>, "files": <count>, "skipped": bool}``
     """
-
     template_fields: Sequence[str] = ("head_node", "dataset_s3_uri", "data_dir", "expected_min_files")
     ui_color = "#fdebd0"
 
@@ -126,8 +129,6 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         return bucket, key
 
     def _count(self, head_node: HeadNodeHook, directory: str) -> int:
-        from ultracluster import remote_commands
-
         result = head_node.check(remote_commands.count_files(directory, self.file_pattern))
         return int(result.stdout.strip() or 0)
 
@@ -141,11 +142,6 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         return nested, 0
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        from ultracluster import remote_commands
-        from ultracluster.hooks.head_node import HeadNodeHook
-
         bucket, key = self._validate()
         s3 = S3Hook(aws_conn_id=self.aws_conn_id)
         head = s3.head_object(key=key, bucket_name=bucket)
@@ -203,9 +199,6 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
 
     def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
         """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""
-        from ultracluster import remote_commands
-        from ultracluster.parsers.files import parse_file_listing
-
         listing = head_node.check(remote_commands.list_files(posixpath.dirname(tar_path), max_depth=1)).stdout
         sizes = parse_file_listing(listing)
         got = sizes.get(posixpath.basename(tar_path))

@@ -14,43 +14,27 @@ The copy goes head node -> S3 directly with presigned PUTs, as collect_results d
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.head_node import HeadNodeHook
 from ultracluster.links import S3ResultsLink
-from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.operators.results import select_artifacts
+from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.parsers.files import parse_file_listing
+from ultracluster.run.contracts import select_failure_artifacts
+from ultracluster.run.names import run_artifacts_location
+from ultracluster.run.s3 import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 FAILED_KIND = "failed"  # the S3 prefix part: <prefix>/failed/<dag_id>/<safe run id>/
-# The job directory's own files: Slurm's log (.out) and the job's markers (exit, name, launch).
-_SLURM_FILE = re.compile(r"^slurm-\d+\.[A-Za-z]+$")
-
-
-def select_failure_artifacts(files: Mapping[str, int]) -> list[str]:
-    """Paths relative to the job directory: every Slurm job file at its top, and in each job's
-    output directory what collect_results would take (results.json, node logs, newest checkpoint)."""
-    chosen: list[str] = []
-    outputs: dict[str, dict[str, int]] = {}
-    for path, size in files.items():
-        top, _, rest = path.partition("/")
-        if not rest:
-            if _SLURM_FILE.match(top):
-                chosen.append(path)
-        elif not top.startswith("."):
-            outputs.setdefault(top, {})[rest] = size
-    for top, inside in outputs.items():
-        chosen += [f"{top}/{rel}" for rel in select_artifacts(inside)]
-    return sorted(chosen)
-
-
 class SaveFailureArtifactsOperator(RemoteTransferMixin, BaseOperator):
     """Copy a failed run's job directory essentials from the head node to S3.
 
@@ -61,7 +45,6 @@ class SaveFailureArtifactsOperator(RemoteTransferMixin, BaseOperator):
         checkpoint are saved already, and this task copies nothing.
     Returns ``{"artifacts_uri", "files", "bytes"}`` (``artifacts_uri`` None: nothing copied).
     """
-
     template_fields: Sequence[str] = ("head_node", "job_dir", "artifacts_s3_uri", "collected")
     ui_color = "#f5b7b1"
     operator_extra_links = (S3ResultsLink(),)
@@ -81,8 +64,6 @@ class SaveFailureArtifactsOperator(RemoteTransferMixin, BaseOperator):
         s3_encryption: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
-        from ultracluster.s3_encryption import check_sse
-
         super().__init__(**kwargs)
         self.s3_encryption = check_sse(s3_encryption)  # of every upload (docs/operations.md, "Encryption")
         self.head_node = head_node
@@ -95,12 +76,6 @@ class SaveFailureArtifactsOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from ultracluster import remote_commands
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-        from ultracluster.hooks.head_node import HeadNodeHook
-        from ultracluster.operators.config import run_artifacts_location
-        from ultracluster.parsers.files import parse_file_listing
-
         if isinstance(self.collected, Mapping) and self.collected.get("artifacts_uri"):
             # The run's normal end: a success with nothing to do (a skip would read as "did not run").
             self.log.info("Nothing failed: collect_results saved this run to %s", self.collected["artifacts_uri"])

@@ -8,52 +8,52 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
+from ultracluster.hooks.cluster_instances import ClusterInstancesHook
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ParallelClusterStackLink
-from ultracluster.tags import RUN_ID_TAG, cluster_owner
+from ultracluster.operators.admission import describe_held, nodes_held
+from ultracluster.operators.create_failure import log_create_failure
+from ultracluster.parsers.pcluster import (
+    ClusterAlreadyExistsError,
+    ClusterNotFoundError,
+    ClusterValidationError,
+    PclusterError,
+    failures,
+    is_config_failure,
+    public_description,
+    region_from_arn,
+)
+from ultracluster.run.states import (
+    CREATE_COMPLETE,
+    CREATE_FAILED,
+    CREATE_IN_PROGRESS,
+    DELETE_IN_PROGRESS,
+    UPDATE_COMPLETE,
+)
+from ultracluster.run.tags import cluster_owner
+from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
-__all__ = ["RUN_ID_TAG", "CreateClusterOperator"]
-
-
-def _region_from_arn(arn: str | None) -> str | None:
-    # arn:aws:cloudformation:<region>:<account>:stack/<name>/<id>
-    parts = (arn or "").split(":")
-    return parts[3] if len(parts) > 4 else None
+def status_trigger(op: Any, waiter_name: str, **extra: Any) -> ClusterStatusTrigger:
+    """A wait of a cluster operator (``op``: pcluster_create's or delete_cluster's) on its cluster."""
+    return ClusterStatusTrigger(
+        cluster_name=op.cluster_name, waiter_name=waiter_name, pcluster_conn_id=op.pcluster_conn_id,
+        region_name=op.region_name or None, poll_interval=op.poll_interval, max_attempts=op.max_attempts, **extra)
 
 
-class _ClusterWaitMixin:
-    """The one place a cluster wait's trigger is built from the operator's settings."""
-
-    cluster_name: str
-    pcluster_conn_id: str
-    region_name: str | None
-    poll_interval: float
-    max_attempts: int
-
-    def _status_trigger(self, waiter_name: str, **extra: Any) -> ClusterStatusTrigger:
-        from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
-        return ClusterStatusTrigger(
-            cluster_name=self.cluster_name,
-            waiter_name=waiter_name,
-            pcluster_conn_id=self.pcluster_conn_id,
-            region_name=self.region_name or None,
-            poll_interval=self.poll_interval,
-            max_attempts=self.max_attempts,
-            **extra,
-        )
-
-
-class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
+class CreateClusterOperator(BaseOperator):
     """
     Create this run's cluster from the config render_config uploaded, and wait for CREATE_COMPLETE.
 
@@ -72,7 +72,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
     "config_s3_uri"}``.
     """
-
     template_fields: Sequence[str] = ("cluster_config", "suppress_validators", "region_name")
     operator_extra_links = (ParallelClusterStackLink(),)
     ui_color = "#ffd39b"
@@ -110,13 +109,9 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         return self.cluster_config["cluster_name"]
 
     def hook(self):
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-
         return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
 
     def execute(self, context: Context) -> dict:
-        from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError
-
         hook = self.hook()
         run_id = context["run_id"]
         try:
@@ -147,15 +142,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     def _admit(self, hook) -> None:
         """Return when this cluster fits under the node cap; defer and look again when it does not
         (operators/_admission.py says what each cluster counts)."""
-        import time
-        from datetime import timedelta
-
-        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from ultracluster.hooks.cluster_instances import ClusterInstancesHook
-        from ultracluster.operators._admission import describe_held, nodes_held
-
         if not self.max_live_nodes:
             return
         mine = int(self.cluster_config.get("nodes") or 0)
@@ -187,10 +173,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         return self.execute(context)
 
     def _create(self, hook) -> None:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        from ultracluster.parsers.pcluster import ClusterValidationError
-
         config_yaml = S3Hook(aws_conn_id=self.aws_conn_id).read_key(
             self.cluster_config["config_s3_key"], self.cluster_config["bucket"]
         )
@@ -214,25 +196,17 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
 
     def _continue(self, context: Context, hook, description: dict) -> dict:
         """Act on the cluster's current status: done, wait, or clean up and fail."""
-        from ultracluster.parsers.pcluster import (
-            CREATE_COMPLETE,
-            CREATE_FAILED,
-            CREATE_IN_PROGRESS,
-            DELETE_IN_PROGRESS,
-            UPDATE_COMPLETE,
-        )
-
         status = description.get("clusterStatus")
         ParallelClusterStackLink.persist(
             context=context,
-            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
+            region_name=description.get("region") or region_from_arn(description.get("cloudformationStackArn")),
             stack_name=description.get("cloudformationStackArn") or self.cluster_name,
         )
         if status in (CREATE_COMPLETE, UPDATE_COMPLETE):
             return self._result(description)
         if status == CREATE_IN_PROGRESS:
             self.defer(
-                trigger=self._status_trigger(
+                trigger=status_trigger(self, 
                     "ClusterCreateComplete", owner_run_id=context["run_id"], delete_on_kill=True
                 ),
                 method_name="execute_complete",
@@ -242,7 +216,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         if status == DELETE_IN_PROGRESS:
             # A killed earlier try deleted its cluster (ClusterStatusTrigger.on_kill): wait, then create.
             self.log.info("Cluster %s of this run is being deleted: waiting to create it again", self.cluster_name)
-            self.defer(trigger=self._status_trigger("ClusterDeleteComplete"), method_name="create_after_delete")
+            self.defer(trigger=status_trigger(self, "ClusterDeleteComplete"), method_name="create_after_delete")
         raise RuntimeError(f"Cluster {self.cluster_name} is {status}; it needs attention before a new create")
 
     def create_after_delete(self, context: Context, event: dict[str, Any]) -> dict:
@@ -254,7 +228,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         if event.get("status") == "success":
             return self._result(event.get("description") or {})
         hook = self.hook()
-        from ultracluster.parsers.pcluster import PclusterError
 
         try:
             description = hook.describe_cluster(self.cluster_name)
@@ -266,9 +239,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     def _fail_and_delete(self, hook, description: dict, reason: str) -> None:
         """Log the failures, the failed stack events and the bootstrap log tail (_create_failure), delete
         the cluster, and fail once it is gone (fail_after_delete); a config-caused failure is not retried."""
-        from ultracluster.operators._create_failure import log_create_failure
-        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError, failures, is_config_failure
-
         found = failures(description)
         for failure in found:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
@@ -283,7 +253,7 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
                 self._raise_failure(f"{message} (it is already gone)", deterministic)
         self.log.info("Deleting cluster %s; the task fails once it is gone", self.cluster_name)
         self.defer(
-            trigger=self._status_trigger("ClusterDeleteComplete"),
+            trigger=status_trigger(self, "ClusterDeleteComplete"),
             method_name="fail_after_delete",
             kwargs={"failure": message, "deterministic": deterministic},
         )
@@ -291,8 +261,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
     @staticmethod
     def _raise_failure(message: str, deterministic: bool) -> None:
         """A failure the configuration causes fails the task without retries: a new create fails the same way."""
-        from airflow.sdk.exceptions import AirflowFailException
-
         if deterministic:
             raise AirflowFailException(f"{message}; not retried: the cluster configuration causes it")
         raise RuntimeError(message)
@@ -309,8 +277,6 @@ class CreateClusterOperator(_ClusterWaitMixin, BaseOperator):
         )
 
     def _result(self, description: dict) -> dict:
-        from ultracluster.parsers.pcluster import public_description
-
         public = public_description(description)
         self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
         return {

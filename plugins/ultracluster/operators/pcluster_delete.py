@@ -6,17 +6,21 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from ultracluster.clock import utc_now
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ParallelClusterStackLink
-from ultracluster.operators.pcluster import _ClusterWaitMixin, _region_from_arn
-from ultracluster.s3_encryption import check_sse
-from ultracluster.tags import cluster_owner
+from ultracluster.operators.pcluster import status_trigger
+from ultracluster.operators.usage import record_usage
+from ultracluster.parsers.pcluster import ClusterNotFoundError, region_from_arn
+from ultracluster.run.clock import utc_now
+from ultracluster.run.s3 import check_sse
+from ultracluster.run.states import DELETE_IN_PROGRESS
+from ultracluster.run.tags import cluster_owner
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
+class DeleteClusterOperator(BaseOperator):
     """
     Teardown of pcluster_create: delete this run's cluster and wait (deferrably) until it is gone.
 
@@ -32,7 +36,6 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     :param fsx_storage_capacity_gib: FSx for Lustre billed over the head node's life; None: no FSx.
     :param s3_encryption: server-side encryption of usage.json and results.json (``s3_encryption.sse_args``).
     """
-
     template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib")
     operator_extra_links = (ParallelClusterStackLink(),)
     ui_color = "#ffd39b"
@@ -65,16 +68,12 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         self.max_delete_attempts = max_delete_attempts
 
     def hook(self):
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-
         return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
 
     def execute(self, context: Context) -> dict:
         return self._delete(context, delete_attempt=1)
 
     def _delete(self, context: Context, delete_attempt: int) -> dict:
-        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError
-
         hook = self.hook()
         if not self.cluster_name:
             self.log.info("No cluster name: nothing to delete")
@@ -90,7 +89,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
             return {"cluster_name": self.cluster_name, "deleted": False}
         ParallelClusterStackLink.persist(
             context=context,
-            region_name=description.get("region") or _region_from_arn(description.get("cloudformationStackArn")),
+            region_name=description.get("region") or region_from_arn(description.get("cloudformationStackArn")),
             stack_name=description.get("cloudformationStackArn") or self.cluster_name,
         )
         if description.get("clusterStatus") != DELETE_IN_PROGRESS:
@@ -100,7 +99,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
                 return self._gone()
             self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
         self.defer(
-            trigger=self._status_trigger("ClusterDeleteComplete"),
+            trigger=status_trigger(self, "ClusterDeleteComplete"),
             method_name="execute_complete",
             kwargs={"delete_attempt": delete_attempt},
         )
@@ -109,15 +108,11 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
     def _gone(self) -> dict:
         """The cluster is gone already (an earlier try deleted it: a retry reattaches). Its name is
         this run's (render_config's), so its instances, still listed by EC2, are this run's bill."""
-        from ultracluster.operators._usage import record_usage
-
         usage = record_usage(self, utc_now())
         return {"cluster_name": self.cluster_name, "deleted": True,
                 "deleted_at": (usage or {}).get("ended_at"), "usage": usage}
 
     def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
-        from ultracluster.operators._usage import record_usage
-
         if event.get("status") == "success":
             deleted_at = utc_now()
             self.log.info("Cluster %s deleted", self.cluster_name)
@@ -126,7 +121,7 @@ class DeleteClusterOperator(_ClusterWaitMixin, BaseOperator):
         self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
         for failure in event.get("failures") or []:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
-        if event.get("status") == "failure" and delete_attempt < self.max_delete_attempts:
+        if event.get("reason") == "cluster_failed" and delete_attempt < self.max_delete_attempts:
             return self._delete(context, delete_attempt + 1)
         arn = (event.get("description") or {}).get("cloudformationStackArn")
         raise RuntimeError(

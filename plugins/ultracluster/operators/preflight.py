@@ -1,7 +1,7 @@
 """preflight: everything knowable before the first create, in one visible step.
 
 It fixes the run's plan (the params with its sweep point applied; every later task reads the plan),
-checks the cross-field rules once, the tags, and what AWS can tell (``_account_checks``: the dataset
+checks the cross-field rules once, the tags, and what AWS can tell (``account_checks``: the dataset
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
 id, the Trn vCPU quota; a bucket without a public access block is a warning), estimates the cost
 and enforces ``max_cost_usd``. Every problem found goes into one error naming each param; such
@@ -9,7 +9,6 @@ failures are the conf's own and fail the task at once, without retries. Transien
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from ultracluster.s3_encryption import check_sse
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.operators.account_checks import account_problems, public_access_warnings
+from ultracluster.run.cost import PriceError, estimate, load_prices
+from ultracluster.run.names import safe_run_id
+from ultracluster.run.plan import plan_problems, run_plan
+from ultracluster.run.s3 import check_sse
+from ultracluster.run.sweep import SweepError, describe_point, write_index_entry
+from ultracluster.run.tags import tag_problems
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -50,12 +56,6 @@ class PreflightOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from ultracluster.cost import PriceError, estimate, load_prices
-        from ultracluster.operators._account_checks import account_problems, public_access_warnings
-        from ultracluster.operators.config import ConfigValidationError, safe_run_id, validate_pipeline_params
-        from ultracluster.sweep import SweepError, describe_point, run_plan
-        from ultracluster.tags import tag_problems
-
         try:
             plan = run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
         except SweepError as err:
@@ -68,17 +68,13 @@ class PreflightOperator(BaseOperator):
             expected = estimate(plan, prices)
         except PriceError as err:
             raise AirflowFailException(f"cost estimate: {err}") from None
-        problems: list[str] = []
-        try:
-            validate_pipeline_params(plan)
-        except ConfigValidationError as err:
-            problems.append(str(err))
+        problems = plan_problems(plan)
         problems += tag_problems(plan.get("extra_tags"))
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
                                      self.log, sse=self.s3_encryption)
         if problems:
-            raise AirflowFailException(f"preflight found {len(problems)} problem(s), nothing was created:\n- "
-                                       + "\n- ".join(problems))
+            raise AirflowFailException(f"preflight found {len(problems)} problem{'s' * (len(problems) != 1)}, "
+                                       "nothing was created:\n- " + "\n- ".join(problems))
         self.log.info(
             "Cost estimate: $%.2f (%d × %s for %.2f h at $%.2f/h, head node $%.2f, FSx $%.2f)",
             expected["usd"], plan["num_nodes"], expected["instance_type"], expected["hours"],
@@ -107,17 +103,6 @@ class PreflightOperator(BaseOperator):
 
     def _index(self, context: Context, plan: dict, expected: dict) -> None:
         """Record this run under its sweep, where the scaling report finds it."""
-        from ultracluster.clock import utc_now
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-        from ultracluster.operators.config import safe_run_id
-        from ultracluster.sweep import sweep_location
-
-        point = plan["sweep_point"]
-        dag_id, run_id = context["dag"].dag_id, context["run_id"]
-        bucket, prefix = sweep_location(self.artifacts_s3_uri, "sweeps", dag_id, point["id"])
-        key = f"{prefix}/runs/{safe_run_id(run_id)}.json"
-        entry = {"dag_id": dag_id, "run_id": run_id, "point": point, "plan": plan, "estimate": expected,
-                 "written_at": utc_now()}
-        ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption).load_string(
-            json.dumps(entry, default=str), key, bucket, replace=True)
-        self.log.info("Sweep %s indexed at s3://%s/%s", point["id"], bucket, key)
+        s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
+        uri = write_index_entry(s3, self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"], plan, expected)
+        self.log.info("Sweep %s indexed at %s", plan["sweep_point"]["id"], uri)

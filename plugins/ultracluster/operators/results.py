@@ -12,108 +12,25 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.head_node import HeadNodeHook
 from ultracluster.links import S3ResultsLink, SweepReportLink
-from ultracluster.operators._remote_transfer import RemoteTransferMixin
-from ultracluster.s3_encryption import check_sse
+from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.parsers.files import parse_file_listing
+from ultracluster.run.contracts import extract_metrics, select_artifacts
+from ultracluster.run.names import run_artifacts_location
+from ultracluster.run.s3 import check_sse
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-_NODE_LOG = re.compile(r"(^|/)log_[^/]*$")
-_CHECKPOINT = re.compile(r"(ckpt|checkpoint)|\.(pt|pth|bin|safetensors)$", re.IGNORECASE)
-_NUMBER = re.compile(r"(\d+)")
-
-
-def _metric_values(metrics: Sequence[Mapping[str, Any]], name: str) -> list[float]:
-    values = []
-    for metric in metrics:
-        if str(metric.get("MetricName", "")).strip().lower() == name.lower():
-            try:
-                values.append(float(metric["MeasuredValue"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-    return values
-
-
-def _param(parameters: Mapping[str, Any], *names: str) -> Any:
-    lowered = {str(k).strip().lower(): v for k, v in parameters.items()}
-    for name in names:
-        if name.lower() in lowered:
-            return lowered[name.lower()]
-    return None
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None
-
-
-def extract_metrics(
-    results: Mapping[str, Any], *, num_nodes: int | None = None, scaling_mode: str | None = None
-) -> dict[str, Any]:
-    """Key metrics from a blog-era results.json:
-    ``{"results": {"parameters": {...}, "metrics": [{"MetricName", "MeasuredValue", "Units", ...}]}}``.
-
-    Final values win over running ones: "Final loss" else the last "Loss"; "Average throughput"
-    else the mean of "Throughput"; "Peak throughput" else their maximum.
-    """
-    body = results.get("results")
-    if not isinstance(body, Mapping) or not isinstance(body.get("metrics"), list):
-        raise ValueError("results.json has no results.metrics list (blog-era schema expected)")
-    parameters = body.get("parameters") or {}
-    metrics = body["metrics"]
-    losses = _metric_values(metrics, "Loss")
-    throughputs = _metric_values(metrics, "Throughput")
-    final_loss = (_metric_values(metrics, "Final loss") or losses[-1:] or [None])[-1]
-    average = (_metric_values(metrics, "Average throughput") or [None])[-1]
-    if average is None and throughputs:
-        average = sum(throughputs) / len(throughputs)
-    peak = (_metric_values(metrics, "Peak throughput") or [None])[-1]
-    if peak is None and throughputs:
-        peak = max(throughputs)
-    time_to_train = (_metric_values(metrics, "Time to train") or [None])[-1]
-
-    world_size = _int(_param(parameters, "World size"))
-    batch = _int(_param(parameters, "Batch size"))
-    accumulation = _int(_param(parameters, "Gradient accumulation microsteps"))
-    global_batch = _int(_param(parameters, "Global batch size", "Global batch"))
-    if global_batch is None and None not in (world_size, batch, accumulation):
-        global_batch = world_size * batch * accumulation
-    nodes = num_nodes or _int(_param(parameters, "Nodes", "Number of nodes", "Num nodes"))
-    mode = scaling_mode or _param(parameters, "Scaling mode", "Scaling")
-    total_steps = _int(_param(parameters, "Total steps"))
-    start, end = _int(_param(parameters, "Start step")), _int(_param(parameters, "End step"))
-    steps = end - start if None not in (start, end) else None
-    # A bounded run (a sweep point: steps_this_run < max_steps) measures throughput; the full run's
-    # time to train is then extrapolated from it, and marked so.
-    extrapolated = bool(steps and total_steps and (start or end < total_steps))
-    if extrapolated and average and global_batch:
-        time_to_train = total_steps * global_batch / average / 60.0
-    return {
-        "final_loss": final_loss,
-        "average_throughput_seq_per_s": average,
-        "peak_throughput_seq_per_s": peak,
-        "time_to_train_min": time_to_train,
-        "nodes": nodes,
-        "world_size": world_size,
-        "global_batch": global_batch,
-        "scaling_mode": mode,
-        "total_steps": total_steps,
-        "steps": steps,
-        "time_to_train_extrapolated": extrapolated,
-        "sweep": parameters.get("Sweep"),
-    }
-
 
 def summary_table(metrics: Mapping[str, Any]) -> str:
     labels = {
@@ -140,28 +57,6 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
     return f"{rule}\n{body}\n{rule}"
 
 
-def select_artifacts(files: Mapping[str, int], results_name: str = "results.json") -> list[str]:
-    """results.json, every per-node log, and the final checkpoint (highest step number, else all).
-
-    Hidden files (``.ckpt_40.pt.tmp``: a checkpoint being written) are never picked.
-    """
-    files = {p: size for p, size in files.items() if not posixpath.basename(p).startswith(".")}
-    chosen = [p for p in files if posixpath.basename(p) == results_name]
-    chosen += [p for p in files if _NODE_LOG.search(p)]
-    taken = set(chosen)  # a set: a list lookup per file made this quadratic in the node count
-    checkpoints = [p for p in files if _CHECKPOINT.search(p) and p not in taken]
-
-    def step(path: str) -> int:
-        numbers = _NUMBER.findall(path)
-        return int(numbers[-1]) if numbers else -1
-
-    if checkpoints:
-        # A checkpoint may span several files (shards): keep every file of the newest one.
-        newest = max(step(p) for p in checkpoints)
-        chosen += [p for p in checkpoints if step(p) == newest]
-    return sorted(dict.fromkeys(chosen))
-
-
 class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
     """Upload a training job's results and report its key metrics.
 
@@ -175,7 +70,6 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
     :param num_nodes: nodes of the run (else read from results.json).
     :param scaling_mode: ``strong``/``weak`` (else read from results.json).
     """
-
     template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode")
     ui_color = "#e8daef"
     operator_extra_links = (S3ResultsLink(), SweepReportLink())
@@ -209,8 +103,6 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         self.transfer_timeout = transfer_timeout
 
     def _destination(self, context: Context) -> tuple[str, str]:
-        from ultracluster.operators.config import run_artifacts_location
-
         ti = context["ti"]
         try:
             return run_artifacts_location(self.artifacts_s3_uri, ti.dag_id, ti.run_id, "results")
@@ -218,11 +110,6 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
             raise ValueError(f"artifacts_s3_uri must be s3://bucket[/prefix], got {self.artifacts_s3_uri!r}") from None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from ultracluster import remote_commands
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-        from ultracluster.hooks.head_node import HeadNodeHook
-        from ultracluster.parsers.files import parse_file_listing
-
         if not isinstance(self.train, Mapping) or not self.train.get("output_dir"):
             raise ValueError(f"train must be the dict SlurmJobOperator returned, got {self.train!r}")
         bucket, prefix = self._destination(context)

@@ -1,39 +1,34 @@
-"""parallel_compile and train: one Slurm batch job on the cluster, waited for deferrably.
-
-Idempotency: the job name is derived from dag_id/run_id/task_id (+ map index) and the run id goes
-in ``--comment``. Before submitting, the operator looks for the job id kept in the task state store
-(only if Slurm reports that id under this task's job name: a rebuilt cluster reuses ids), then for
-a live or recently finished job of that name (``squeue --states all``), and reattaches to it; only a
-failed earlier job (or none) leads to a new submission. A node fault may instead resume the job
-(``_slurm_resume``): the resumed job has the same name, so the same reattach finds it.
-"""
+"""parallel_compile and train: one Slurm batch job on the cluster (``slurm_job.SlurmJob``), waited
+for deferrably (``triggers.slurm``); after a node fault, resumed (``slurm_resume``)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
 import posixpath
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ultracluster.clock import iso as _iso
-from ultracluster.clock import utc_now
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
-from ultracluster.operators._slurm_compile import SlurmCompileFactsMixin
-from ultracluster.operators._slurm_reattach import STATE_KEY_JOB_ID, SlurmReattachMixin
-from ultracluster.operators._slurm_resume import SlurmAutoResumeMixin, resume_attempts, resume_summary
-from ultracluster.operators.config import node_count
+from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID, JobSpec, SlurmJob, env_value
+from ultracluster.operators.slurm_resume import ResumeRecord, submit_resume
+from ultracluster.parsers.progress import JobLog, error_reasons
+from ultracluster.run.clock import iso, utc_now
+from ultracluster.run.jobs import FINAL, NODE_FAULT, REFUSED, SUCCEEDED, job_outcome, resume_refusal
+from ultracluster.run.names import slurm_job_name
+from ultracluster.run.plan import node_count, resume_attempts
+from ultracluster.sensors.fleet import FleetCheck, ssh_port
+from ultracluster.triggers.fleet import ComputeFleetTrigger
+from ultracluster.triggers.slurm import SlurmJobTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from ultracluster.hooks.slurm import SlurmHook
 
 DEFAULT_RUN_SCRIPT = "run_dp_bert_large_hf_pretrain_bf16_s128.sh"
 # Where the Neuron apt packages (aws-neuronx-tools) put their programs.
@@ -42,17 +37,7 @@ NEURON_BIN = "/opt/aws/neuron/bin"
 STATE_KEY_LOG_OFFSET = "slurm_log_offset"
 
 
-def _env_value(value: Any) -> str:
-    """A job variable as a string. Native rendering turns a template's JSON back into a dict or
-    list (or None): those go out as JSON, None as empty."""
-    if value is None:
-        return ""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFactsMixin, BaseOperator):
+class SlurmJobOperator(BaseOperator):
     """Submit ``sbatch --exclusive --nodes N --wrap "srun [launcher] <run script>"`` and wait for it.
 
     :param head_node: the dict wait_for_fleet returned (address, pinned host key, partition).
@@ -81,7 +66,7 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
     :param budget: ``{"max_usd", "usd_per_hour", "since"}``; a null ``max_usd`` turns it off. The
         trigger cancels the job once its progress projects the run's cost past ``max_usd``, and the
         task fails at once (no retry: a retry would only spend more).
-    :param auto_resume_attempts: resumes after node faults (``parsers.slurm.is_node_fault``): the task
+    :param auto_resume_attempts: resumes after node faults (``run.states.is_node_fault``): the task
         waits for the fleet (the wait_for_fleet trigger), then resubmits from the newest checkpoint.
         0 = off: a node fault fails the task like any other failure.
     :param pcluster_conn_id: ParallelCluster connection of an auto-resume's fleet wait.
@@ -90,18 +75,8 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
     """
 
     template_fields: Sequence[str] = (
-        "head_node",
-        "job_dir",
-        "num_nodes",
-        "job_env",
-        "extra_job_env",
-        "launcher",
-        "training_files_dir",
-        "job_name",
-        "partition",
-        "budget",
-        "auto_resume_attempts",
-        "region_name",
+        "head_node", "job_dir", "num_nodes", "job_env", "extra_job_env", "launcher", "training_files_dir",
+        "job_name", "partition", "budget", "auto_resume_attempts", "region_name",
     )
     ui_color = "#d4e6f1"
     operator_extra_links = (SlurmJobLink(),)
@@ -137,11 +112,6 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.auto_resume_attempts = auto_resume_attempts
-        self.pcluster_conn_id = pcluster_conn_id
-        self.region_name = region_name
-        self.resume_fleet_timeout = float(resume_fleet_timeout)
-        self.budget = budget
         self.head_node = head_node
         self.job_dir = job_dir
         self.num_nodes = num_nodes
@@ -162,148 +132,86 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
         self.log_tail_lines = log_tail_lines
         self.progress_log_interval_s = progress_log_interval_s
         self.progress_log_every_steps = progress_log_every_steps
-        self._job_id: str | None = None
+        self.budget = budget
+        self.auto_resume_attempts = auto_resume_attempts
+        self.pcluster_conn_id = pcluster_conn_id
+        self.region_name = region_name
+        self.resume_fleet_timeout = float(resume_fleet_timeout)
+        self._running: tuple[SlurmJob, str] | None = None  # (job, id) while a worker-side wait runs
         self._hook: SlurmHook | None = None
-
-    # --------------------------------------------------------------------------- helpers
 
     @property
     def hook(self) -> SlurmHook:
         if self._hook is None:
-            from ultracluster.hooks.slurm import SlurmHook
-
             self._hook = SlurmHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
         return self._hook
 
-    def _log_path(self, job_id: str) -> str:
-        from ultracluster import remote_commands
-
-        return remote_commands.job_file(self.job_dir, job_id, "out")
-
-    def _output_root(self) -> str:
-        return self.job_env.get("OUTPUT_ROOT") or self.job_dir
-
-    def _validate(self) -> None:
-        """Bad input fails here, before anything is submitted."""
+    # ------------------------------------------------------------------------------- the job
+    def job(self, context: Context) -> SlurmJob:
+        """This task's job, its arguments checked: bad input fails here, before anything is submitted."""
         if not isinstance(self.head_node, Mapping):
             raise ValueError(f"head_node must be the dict wait_for_fleet returns, got {type(self.head_node).__name__}")
-        self.num_nodes = node_count(self.num_nodes)
         if resume_attempts(self.auto_resume_attempts) and not self.head_node.get("cluster_name"):
             raise ValueError("auto_resume_attempts needs head_node['cluster_name'] (wait_for_fleet's XCom)")
         if not posixpath.isabs(self.job_dir):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
         if not isinstance(self.extra_job_env, Mapping):
             raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
-        # The contract's variables win: extra_job_env only adds knobs.
-        merged = {**self.extra_job_env, **self.job_env}
-        self.job_env = {str(k): _env_value(v) for k, v in merged.items()}
-        self.job_env.setdefault("OUTPUT_ROOT", self.job_dir)
-        # Building the command validates env names and values without running anything.
-        self._sbatch_args("validate", "validate")
         if self.training_files_dir is not None:
-            script = os.path.join(self.training_files_dir, self.run_script)
-            if not os.path.isfile(script):
+            script = posixpath.join(self.training_files_dir, self.run_script)
+            if not posixpath.isfile(script):
                 raise ValueError(f"Run script {script} not found (training_files_dir={self.training_files_dir!r})")
-
-    def _slurm_job_name(self, context: Context) -> str:
-        from ultracluster import remote_commands
-
+        # The contract's variables win: extra_job_env only adds knobs.
+        env = {str(k): env_value(v) for k, v in {**self.extra_job_env, **self.job_env}.items()}
+        env.setdefault("OUTPUT_ROOT", self.job_dir)
         ti = context["ti"]
-        return remote_commands.slurm_job_name(
-            ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), label=self.job_name
-        )
-
-    def _sbatch_args(self, job_name: str, run_id: str, job_env: Mapping[str, str] | None = None) -> dict[str, Any]:
-        from ultracluster import remote_commands
-
-        args = dict(
-            job_dir=self.job_dir,
-            script_path=posixpath.join(self.job_dir, self.run_script),
-            num_nodes=self.num_nodes,
-            job_name=job_name,
-            comment=f"ultracluster run_id={run_id}",
-            job_env=self.job_env if job_env is None else job_env,
-            launcher=self.launcher,
-            launcher_dirs=self._launcher_dirs(),
-            launcher_fallback_env=self.launcher_fallback_env,
-            partition=self.partition or self.head_node.get("partition"),
-            time_limit_minutes=self.time_limit_minutes,
-        )
-        remote_commands.sbatch(**args)
-        return args
-
-    # ----------------------------------------------------------------------- reattach/submit
-
-    def copy_training_files(self) -> None:
-        """Copy include/training into the job directory (temp name + rename: safe to repeat)."""
-        from ultracluster import remote_commands
-
-        head_node_hook = self.hook.head_node_hook
-        head_node_hook.check(remote_commands.make_dirs(self.job_dir, self._output_root()))
-        if self.training_files_dir is None:
-            return
-        for entry in sorted(os.listdir(self.training_files_dir)):
-            local = os.path.join(self.training_files_dir, entry)
-            if not os.path.isfile(local) or entry.startswith("."):
-                continue
-            mode = 0o755 if entry.endswith((".sh", ".py")) else 0o644
-            head_node_hook.put_file(local, posixpath.join(self.job_dir, entry), mode=mode)
-        self.log.info("Copied %s to %s", self.training_files_dir, self.job_dir)
-
-    def submit(self, context: Context, job_name: str) -> str:
-        self.copy_training_files()
-        job_id = self.hook.sbatch(**self._sbatch_args(job_name, context["ti"].run_id))
-        self.log.info(
-            "Submitted Slurm job %s (%s, %d node(s)); log %s", job_id, job_name, self.num_nodes, self._log_path(job_id)
-        )
-        return job_id
-
-    # ---------------------------------------------------------------------------- execute
+        spec = JobSpec(
+            name=slurm_job_name(ti.dag_id, ti.run_id, ti.task_id, getattr(ti, "map_index", -1), label=self.job_name),
+            job_dir=self.job_dir, run_script=self.run_script, num_nodes=node_count(self.num_nodes), env=env,
+            launcher=self.launcher, launcher_dirs=self.launcher_dirs, launcher_fallback_env=self.launcher_fallback_env,
+            partition=self.partition or self.head_node.get("partition"), time_limit_minutes=self.time_limit_minutes,
+            training_files_dir=self.training_files_dir)
+        spec.sbatch_args("validate")  # checks names and values without running anything
+        return SlurmJob(self.hook, spec, self.log)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        self._validate()
-        job_name = self._slurm_job_name(context)
-        job_id = self.find_existing_job(context, job_name)
-        if job_id is None and self._pending_resume(context):
-            job_id = self.submit_resume(context, job_name)  # the worker died between its two records
+        job = self.job(context)
+        store, run_id = context.get("task_state_store"), context["ti"].run_id
+        record = ResumeRecord(store)
+        job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id)
+        if job_id is None and record.pending:
+            job_id = submit_resume(job, record, run_id, resume_attempts(self.auto_resume_attempts))
         elif job_id is None:
-            self._save_resume_record(context, {"resumes": []})  # a fresh start: no resumes behind it
-            job_id = self.submit(context, job_name)
-        return self._wait(context, job_id, job_name)
+            record.reset()
+            job_id = job.submit(run_id)
+        return self._wait(context, job, job_id)
 
-    def _wait(self, context: Context, job_id: str, job_name: str) -> dict[str, Any]:
-        self._job_id = job_id
-        self._persist_job_link(context, job_id, job_name)  # before the deferral: the link shows while it waits
+    # ------------------------------------------------------------------------------- the wait
+    def _wait(self, context: Context, job: SlurmJob, job_id: str) -> dict[str, Any]:
+        self._persist_link(context, job, job_id)  # before the deferral: the link shows while it waits
         store = context.get("task_state_store")
         if store is not None:
             store.set(STATE_KEY_JOB_ID, job_id)
         # The streamed offset is only meaningful for the job it was read from.
         saved = (store.get(STATE_KEY_LOG_OFFSET) if store is not None else None) or {}
-        log_offset = int(saved.get("offset", 0)) if isinstance(saved, dict) and saved.get("job_id") == job_id else 0
-        trigger = self._trigger(job_id, job_name, log_offset)
+        offset = int(saved.get("offset", 0)) if isinstance(saved, dict) and saved.get("job_id") == job_id else 0
+        budget = self._budget()
         if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        # Same wait logic without a triggerer: run the trigger's loop in this worker.
-        event = asyncio.run(self._first_event(trigger))
+            self.defer(trigger=SlurmJobTrigger(
+                head_node=dict(self.head_node), ssh_conn_id=self.ssh_conn_id, job_id=job_id, job_dir=self.job_dir,
+                job_name=job.spec.name, log_path=job.log_path(job_id), log_offset=offset,
+                poll_interval=self.poll_interval, outage_timeout=self.outage_timeout,
+                progress_log_interval_s=self.progress_log_interval_s,
+                progress_log_every_steps=self.progress_log_every_steps, budget=budget),
+                method_name="execute_complete")
+        job_log = JobLog(self.log, path=job.log_path(job_id), offset=offset, interval_s=self.progress_log_interval_s,
+                         every_steps=self.progress_log_every_steps, budget=budget)
+        self._running = (job, job_id)
+        try:
+            event = job.wait(job_id, job_log, interval_s=self.poll_interval)
+        finally:
+            self._running = None
         return self.execute_complete(context, event)
-
-    def _trigger(self, job_id: str, job_name: str, log_offset: int):
-        from ultracluster.triggers.slurm import SlurmJobTrigger
-
-        return SlurmJobTrigger(
-            head_node=dict(self.head_node),
-            ssh_conn_id=self.ssh_conn_id,
-            job_id=job_id,
-            job_dir=self.job_dir,
-            job_name=job_name,
-            log_path=self._log_path(job_id),
-            log_offset=log_offset,
-            poll_interval=self.poll_interval,
-            outage_timeout=self.outage_timeout,
-            progress_log_interval_s=self.progress_log_interval_s,
-            progress_log_every_steps=self.progress_log_every_steps,
-            budget=self._budget(),
-        )
 
     def _budget(self) -> dict[str, Any] | None:
         if not isinstance(self.budget, Mapping) or self.budget.get("max_usd") in (None, "", "None"):
@@ -316,92 +224,96 @@ class SlurmJobOperator(SlurmAutoResumeMixin, SlurmReattachMixin, SlurmCompileFac
             return None
         return budget
 
-    @staticmethod
-    async def _first_event(trigger) -> dict[str, Any]:
-        async for event in trigger.run():
-            return event.payload
-        raise AirflowException("Slurm job trigger ended without an event")
-
-    def _persist_job_link(self, context: Context, job_id: str, job_name: str, **end: Any) -> None:
+    def _persist_link(self, context: Context, job: SlurmJob, job_id: str, **end: Any) -> None:
         """The Slurm Job link's values (docs/contracts.md, "Slurm job page")."""
         ti = context["ti"]
-        head_node = self.head_node if isinstance(self.head_node, Mapping) else {}
         SlurmJobLink.persist(context, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, job_id=job_id,
-                             job_name=job_name, log_path=self._log_path(job_id),
-                             output_dir=posixpath.join(self._output_root(), f"output_{job_id}"),
-                             cluster_name=head_node.get("cluster_name"), **end)
+                             job_name=job.spec.name, log_path=job.log_path(job_id), output_dir=job.output_dir(job_id),
+                             cluster_name=self.head_node.get("cluster_name"), **end)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        job = self.job(context)
         job_id = str(event.get("job_id"))
-        self._job_id = job_id
-        self._persist_job_link(context, job_id, self._slurm_job_name(context),
-                               state=event.get("state") or event.get("status"))
+        self._persist_link(context, job, job_id, state=event.get("state") or event.get("reason"))
         store = context.get("task_state_store")
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
-        log_path = self._log_path(job_id)
-        if event.get("status") in ("budget", "host_key_mismatch"):  # deterministic: no retry
+        outcome, message = job_outcome(event), ""
+        if outcome not in (SUCCEEDED, FINAL):  # the log's tail says more, and holds any UC_ERROR
+            message = job.failure_message(event, self.log_tail_lines)
+            outcome = job_outcome(event, error_reasons(message))
+        if outcome == FINAL:
             notify_budget_stop(context, event)  # mail/Slack when the budget guard cancelled the job
             raise AirflowFailException(str(event.get("message")))
-        if event.get("status") != "success":
-            from ultracluster.parsers import slurm as parse_slurm
-            from ultracluster.parsers.progress import error_reasons
-
-            message = self._failure_message(event, log_path)
-            reasons = error_reasons(message)
-            if reasons:   # the run script's own checks: deterministic, so no retry (nor resume)
-                raise AirflowFailException(f"The job refused its input (UC_ERROR): {'; '.join(reasons)}\n{message}")
-            if event.get("status") == "failed" and parse_slurm.is_node_fault(event.get("state"), event.get("reason")):
-                return self.node_fault(context, event, message)
+        if outcome == REFUSED:  # the run script's own checks: deterministic, so no retry (nor resume)
+            raise AirflowFailException(f"The job refused its input (UC_ERROR): "
+                                       f"{'; '.join(error_reasons(message))}\n{message}")
+        if outcome == NODE_FAULT:
+            return self._node_fault(context, job, event, message)
+        if outcome != SUCCEEDED:
             raise AirflowException(message)
-        output_dir = posixpath.join(self._output_root(), f"output_{job_id}")
+        return self._result(context, job, job_id, event)
+
+    def _result(self, context: Context, job: SlurmJob, job_id: str, event: dict[str, Any]) -> dict[str, Any]:
+        out = job.output_dir(job_id)
         result = {
-            "job_id": job_id,
-            "state": event.get("state"),
-            "exit_code": event.get("exit_code"),
-            "output_dir": output_dir,
-            "log_path": log_path,
-            "results_path": event.get("results_path") or posixpath.join(output_dir, "results.json"),
+            "job_id": job_id, "state": event.get("state"), "exit_code": event.get("exit_code"), "output_dir": out,
+            "log_path": job.log_path(job_id), "results_path": event.get("results_path") or f"{out}/results.json",
             # The task's span, submission to end seen (the scaling report's idle fleet time).
-            "started_at": _iso(getattr(context.get("ti"), "start_date", None)),
-            "ended_at": utc_now(),
-            "auto_resume": resume_summary(self._resume_record(context)),
+            "started_at": iso(getattr(context.get("ti"), "start_date", None)), "ended_at": utc_now(),
+            "auto_resume": ResumeRecord(context.get("task_state_store")).summary(),
         }
         if self.launcher:
-            result["launch"] = self._launch_mode(job_id)
-            result["compile_cache"] = self._compile_cache_stats(result["results_path"])
-        self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], output_dir)
+            result["launch"] = job.launch_mode(job_id)
+            result["compile_cache"] = job.compile_cache(result["results_path"])
+        self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], out)
         return result
 
-    def _launcher_dirs(self) -> list[str]:
-        # The training venv's bin/ first: neuron_parallel_compile is installed with neuronx-cc there.
-        python = self.job_env.get("TRAINING_PYTHON") or ""
-        first = [posixpath.dirname(python)] if posixpath.isabs(python) else []
-        return list(dict.fromkeys([*first, *self.launcher_dirs]))
+    # ------------------------------------------------------------------------------ auto-resume
+    def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str) -> dict[str, Any]:
+        """A job ended in a node fault: resume it once the fleet is healthy, or fail naming why not."""
+        attempts = resume_attempts(self.auto_resume_attempts)
+        record = ResumeRecord(context.get("task_state_store"))
+        refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
+        if refusal:
+            raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
+        record.add(event)
+        self.log.warning("Slurm job %s ended %s (a node fault): auto-resume %d of %d once the fleet is healthy",
+                         event.get("job_id"), event.get("state"), len(record.resumes), attempts)
+        head = self.head_node
+        fleet = dict(cluster_name=head["cluster_name"], num_nodes=job.spec.num_nodes, partition=job.spec.partition,
+                     ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id),
+                     # The dead node is down while it is replaced (minutes on AWS): that is what is waited for.
+                     stuck_after_s=self.resume_fleet_timeout, keep_host_key=True)
+        if self.deferrable:
+            # The key wait_for_fleet pinned: a cluster with another one is not resumed on.
+            self.defer(trigger=ComputeFleetTrigger(
+                **fleet, pcluster_conn_id=self.pcluster_conn_id, host_key=head.get("host_key"),
+                poke_interval=self.poll_interval, region_name=self.region_name or None),
+                method_name="resume_after_fleet", timeout=timedelta(seconds=self.resume_fleet_timeout))
+        check = FleetCheck(**fleet, pcluster_hook=ParallelClusterHook(self.pcluster_conn_id,
+                                                                      region_name=self.region_name or None),
+                           pin={"host_key": head.get("host_key")})
+        check.wait(self.resume_fleet_timeout, self.poll_interval, self.log)
+        return self.resume_after_fleet(context, {"status": "success"})
 
-    def _failure_message(self, event: Mapping[str, Any], log_path: str) -> str:
-        state = event.get("state") or event.get("status")
-        parts = [f"Slurm job {event.get('job_id')} ended {state}"]
-        if event.get("exit_code") is not None:
-            parts.append(
-                f"exit code {event['exit_code']}" + (f" (signal {event['signal']})" if event.get("signal") else "")
-            )
-        if event.get("reason"):
-            parts.append(f"reason {event['reason']}")
-        if event.get("message"):
-            parts.append(str(event["message"]))
-        try:
-            tail = self.hook.tail_log(log_path, self.log_tail_lines).rstrip()
-        except Exception as err:  # the message must still go out when the head node is gone
-            tail = f"(log tail unavailable: {err})"
-        return "; ".join(parts) + f"\n--- last {self.log_tail_lines} lines of {log_path} ---\n{tail or '(empty)'}"
+    def resume_after_fleet(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The fleet is healthy again: resubmit (or reattach to a resume already submitted)."""
+        if event.get("status") != "success":
+            raise AirflowException(f"Auto-resume: the fleet did not recover: {event.get('message')}")
+        job = self.job(context)
+        store, run_id = context.get("task_state_store"), context["ti"].run_id
+        job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id) or submit_resume(
+            job, ResumeRecord(store), run_id, resume_attempts(self.auto_resume_attempts))
+        return self._wait(context, job, job_id)
 
     def on_kill(self) -> None:
         """The worker-side wait was killed: cancel the job so it stops using the cluster."""
-        if self._job_id is None:
+        if self._running is None:
             return
-        self.log.info("Task killed: scancel %s", self._job_id)
+        job, job_id = self._running
+        self.log.info("Task killed: scancel %s", job_id)
         try:
-            self.hook.scancel(self._job_id)
+            job.cancel(job_id)
         except Exception:
-            self.log.exception("scancel %s failed", self._job_id)
+            self.log.exception("scancel %s failed", job_id)

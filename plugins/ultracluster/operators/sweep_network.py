@@ -12,9 +12,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import BaseOperator
 
-from ultracluster.report.records import ENDED, normalize_state, parse_time
+from ultracluster.hooks.dag_runs import get_dagrun_state
+from ultracluster.run.clock import parse_time
+from ultracluster.run.states import RUN_ENDED, run_state_name
+from ultracluster.run.sweep import read_index
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -30,7 +35,6 @@ class SweepNetworkHoldOperator(BaseOperator):
     :param poll_interval: seconds between looks, deferred in between.
     :param max_hold_hours: stop waiting after this long.
     """
-
     template_fields: Sequence[str] = ("network", "sweep_id", "points", "source_dag_id", "artifacts_s3_uri",
                                       "max_hold_hours")
     ui_color = "#e8daef"
@@ -49,19 +53,15 @@ class SweepNetworkHoldOperator(BaseOperator):
         self.max_hold_hours = max_hold_hours
 
     def execute(self, context: Context, event: Any = None, since: str | None = None) -> dict[str, Any]:
-        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
-        from ultracluster.report.operator import dagrun_state, sweep_index
-
         vpc_id = (self.network or {}).get("vpc_id")
         started = parse_time(since) or datetime.now(timezone.utc)
-        entries = [e for e in sweep_index(S3Hook(aws_conn_id=self.aws_conn_id), self.artifacts_s3_uri,
+        entries = [e for e in read_index(S3Hook(aws_conn_id=self.aws_conn_id), self.artifacts_s3_uri,
                                           self.source_dag_id, self.sweep_id, self.log)
                    if (e.get("plan") or {}).get("existing_vpc_id") == vpc_id]
-        states = {e["run_id"]: normalize_state(dagrun_state(e.get("dag_id") or self.source_dag_id, e["run_id"]))
+        states = {e["run_id"]: run_state_name(get_dagrun_state(e.get("dag_id") or self.source_dag_id, e["run_id"]))
                   for e in entries}
         # A run that no longer exists ("missing": deleted) has ended too.
-        open_runs = sorted(run for run, state in states.items() if state not in (*ENDED, "missing"))
+        open_runs = sorted(run for run, state in states.items() if state not in (*RUN_ENDED, "missing"))
         summary = {"vpc_id": vpc_id, "sweep_id": self.sweep_id, "runs": states, "expected": int(self.points)}
         if len(states) >= int(self.points) and not open_runs:
             self.log.info("Sweep %s: all %d runs on %s have ended: releasing the network", self.sweep_id,
@@ -74,7 +74,6 @@ class SweepNetworkHoldOperator(BaseOperator):
             return {**summary, "gave_up": True}
         self.log.info("Sweep %s: %d of %d runs on %s seen, open: %s; looking again in %s s", self.sweep_id,
                       len(states), self.points, vpc_id, open_runs or "none", self.poll_interval)
-        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
         self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.poll_interval)), method_name="execute",
                    kwargs={"since": started.isoformat()})

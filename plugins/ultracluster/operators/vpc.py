@@ -15,8 +15,24 @@ from airflow.providers.amazon.aws.utils.mixins import aws_template_fields
 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
 from ultracluster.hooks.network_stack import NetworkStackHook
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import CloudFormationStackLink
-from ultracluster.tags import DAG_ID_TAG, DEFAULT_RESOURCE_TTL_HOURS, RUN_ID_TAG, run_tags
+from ultracluster.parsers.pcluster import ClusterNotFoundError
+from ultracluster.run.form import DEFAULT_RESOURCE_TTL_HOURS
+from ultracluster.run.profiles import include_dir
+from ultracluster.run.states import (
+    DELETE_COMPLETE,
+    DELETE_FAILED,
+    DELETE_IN_PROGRESS,
+    FAILED,
+    GONE,
+    PENDING,
+    READY,
+    stack_verdict,
+)
+from ultracluster.run.tags import DAG_ID_TAG, RUN_ID_TAG, cluster_owner, run_tags
+from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
+from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -29,8 +45,6 @@ _STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
 
 
 def default_vpc_template() -> str:
-    from ultracluster.profiles import include_dir
-
     return str(include_dir() / "cluster" / "vpc.yaml")
 
 
@@ -42,7 +56,6 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
     endpoint interfaces): EC2 releases them within minutes, and a later DeleteStack succeeds.
     Subclasses say what a deleted or undeletable stack means (``_stack_deleted``/``_stack_left``).
     """
-
     aws_hook_class = NetworkStackHook
     operator_extra_links = (CloudFormationStackLink(),)
     ui_color = "#f4d8a5"
@@ -61,16 +74,12 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
         return {**super()._hook_parameters, "region_name": self.region_name or None}
 
     def _stack_trigger(self, stack_name: str, waiter_name: str, **kwargs: Any) -> CloudFormationStackTrigger:
-        from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
-
         return CloudFormationStackTrigger(
             stack_name=stack_name, waiter_name=waiter_name, waiter_delay=self.waiter_delay,
             waiter_max_attempts=self.waiter_max_attempts, aws_conn_id=self.aws_conn_id,
             region_name=self.hook.region_name, verify=self.verify, botocore_config=self.botocore_config, **kwargs)
 
     def _delete(self, context: Context, stack_name: str, attempt: int = 1, **outcome: Any) -> Any:
-        from ultracluster.parsers.pcluster import DELETE_COMPLETE, DELETE_IN_PROGRESS
-
         status = self.hook.get_stack_status(stack_name)
         if status in (None, DELETE_COMPLETE):
             return self._stack_deleted(context, stack_name, **outcome)
@@ -125,7 +134,6 @@ class CreateVpcStackOperator(_NetworkStackOperator):
     :param resource_ttl_hours: the stack's ``ultracluster:expires-at`` is the run's start plus this
         (what the reaper goes by when the run is gone).
     """
-
     template_fields: Sequence[str] = aws_template_fields(
         "stack_name", "availability_zone_id", "existing_network", "tags", "resource_ttl_hours",
     )
@@ -142,10 +150,6 @@ class CreateVpcStackOperator(_NetworkStackOperator):
         self.template_path = template_path
 
     def execute(self, context: Context) -> dict:
-        from ultracluster.parsers.pcluster import (
-            CREATE_COMPLETE, DELETE_FAILED, DELETE_IN_PROGRESS, STACK_CREATE_FAILED, STACK_IN_PROGRESS, UPDATE_COMPLETE,
-        )
-
         network = {k: v for k, v in (self.existing_network or {}).items() if v}
         if network:
             return self._adopt_existing(network)
@@ -160,20 +164,20 @@ class CreateVpcStackOperator(_NetworkStackOperator):
                                    f"not {context['run_id']!r}; refusing to adopt it")
             self.log.info("Stack %s of this run exists (%s): reattaching", self.stack_name, status)
             self._persist_stack_link(context)  # before any wait below: the link shows while it waits
-        if status in STACK_CREATE_FAILED:
-            return self._clean_up_and_fail(context, f"it failed earlier ({status})")
         if status in (DELETE_IN_PROGRESS, DELETE_FAILED):
             # A killed earlier try deleted it (trigger on_kill): finish that delete, then create anew.
             return self._delete(context, self.stack_name, failure=None)
-        if status is None:
+        if stack_verdict(status) == FAILED:
+            return self._clean_up_and_fail(context, f"it failed earlier ({status})")
+        if stack_verdict(status) == GONE:
             self._create(context)
             self._persist_stack_link(context)
             status = self.hook.get_stack_status(self.stack_name)
-        if status in STACK_IN_PROGRESS:
+        if stack_verdict(status) == PENDING:
             self.defer(trigger=self._stack_trigger(self.stack_name, "stack_create_complete",
                                                    owner_run_id=context["run_id"], delete_on_kill=True),
                        method_name="execute_complete")
-        if status not in (CREATE_COMPLETE, UPDATE_COMPLETE):
+        if stack_verdict(status) != READY:
             return self._clean_up_and_fail(context, f"stack reached {status}")
         return self._outputs()
 
@@ -254,7 +258,6 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
 
     :param cluster_name: the run's cluster (delete_cluster's name); empty skips the check.
     """
-
     template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name")
 
     def __init__(self, *, vpc: dict | None = None, stack_name: str | None = None, cluster_name: str | None = None,
@@ -271,11 +274,6 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
 
     def _check_cluster_gone(self, context: Context) -> None:
         """Return when the run's cluster is gone; defer while it is deleting; raise otherwise."""
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-        from ultracluster.parsers.pcluster import DELETE_IN_PROGRESS, ClusterNotFoundError
-        from ultracluster.tags import cluster_owner
-        from ultracluster.triggers.pcluster import ClusterStatusTrigger
-
         if not self.cluster_name:
             return
         hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)

@@ -1,28 +1,14 @@
 """Every parse of `pcluster` (ParallelCluster v3 CLI) output, and its typed errors.
 
 pcluster prints JSON on stdout: the result with exit 0, or an error object
-``{"message": ..., ["configurationValidationErrors": [...]]}`` with exit 1.
-Stdlib only: this module is imported at DAG parse time through the operators.
+``{"message": ..., ["configurationValidationErrors": [...]]}`` with exit 1. The cluster states and
+their verdicts are ``run.states``'.
 """
 from __future__ import annotations
 
 import json
 import re
 from typing import Any
-
-# Statuses of describe-cluster's clusterStatus (CloudFormation ROLLBACK_* shows as CREATE_FAILED).
-CREATE_IN_PROGRESS = "CREATE_IN_PROGRESS"
-CREATE_COMPLETE = "CREATE_COMPLETE"
-CREATE_FAILED = "CREATE_FAILED"
-DELETE_IN_PROGRESS = "DELETE_IN_PROGRESS"
-DELETE_FAILED = "DELETE_FAILED"
-DELETE_COMPLETE = "DELETE_COMPLETE"
-UPDATE_IN_PROGRESS = "UPDATE_IN_PROGRESS"
-UPDATE_COMPLETE = "UPDATE_COMPLETE"
-UPDATE_FAILED = "UPDATE_FAILED"
-# CloudFormation stack states beyond those (the VPC stack is created with OnFailure=DO_NOTHING).
-STACK_IN_PROGRESS = (CREATE_IN_PROGRESS, UPDATE_IN_PROGRESS, "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS")
-STACK_CREATE_FAILED = (CREATE_FAILED, "ROLLBACK_IN_PROGRESS", "ROLLBACK_COMPLETE", "ROLLBACK_FAILED")
 
 # Keys of describe-cluster kept in events and XCom: clusterConfiguration.url is a presigned S3 URL.
 _DESCRIPTION_KEYS = (
@@ -168,11 +154,6 @@ def public_description(description: dict) -> dict:
     return {k: description[k] for k in _DESCRIPTION_KEYS if k in description}
 
 
-def tags_dict(description: dict) -> dict[str, str]:
-    """describe-cluster tags ``[{key, value}]`` as a dict."""
-    return {t["key"]: t.get("value", "") for t in description.get("tags") or [] if "key" in t}
-
-
 def failures(description: dict) -> list[dict]:
     """failures[] of a CREATE_FAILED cluster (pcluster >= 3.5), else the legacy failureReason."""
     found = list(description.get("failures") or [])
@@ -185,6 +166,27 @@ def head_node_address(description: dict) -> str | None:
     """Public IP of the head node (the SSH target), else its private IP."""
     head = description.get("headNode") or {}
     return head.get("publicIpAddress") or head.get("privateIpAddress")
+
+
+def cluster_facts(description: dict) -> dict[str, Any]:
+    """What the fleet wait judges (``run.fleet.judge_cluster``), from describe-cluster."""
+    return {"name": description.get("clusterName", "?"), "status": cluster_status(description),
+            "fleet_status": str(description.get("computeFleetStatus") or ""), "failures": failures(description),
+            "head_node_address": head_node_address(description)}
+
+
+def cluster_identity(description: dict) -> str:
+    """What tells one creation of a cluster from a later one of the same name (the stack ARN holds a
+    per-stack UUID; creation time and head node instance are there in case it is missing)."""
+    head = description.get("headNode") or {}
+    parts = (stack_arn(description), description.get("creationTime"), head.get("instanceId"))
+    return "|".join(str(part or "") for part in parts)
+
+
+def region_from_arn(arn: str | None) -> str | None:
+    """``arn:aws:cloudformation:<region>:<account>:stack/<name>/<id>`` -> region."""
+    parts = (arn or "").split(":")
+    return parts[3] if len(parts) > 4 else None
 
 
 # --- stack events and head node logs (get-cluster-stack-events, list-cluster-log-streams, get-cluster-log-events)

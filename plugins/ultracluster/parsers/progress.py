@@ -2,15 +2,20 @@
 which of them a task log shows.
 
 The job prints one ``UC_PROGRESS`` line per logged optimizer step (28,125 for BERT-Large phase 1);
-its own Slurm log keeps them all. ``ProgressThrottle`` picks the few a task log shows. Stdlib only.
+its own Slurm log keeps them all. ``ProgressThrottle`` picks the few a task log shows; ``JobLog``
+follows a job's log for both Slurm waits (the trigger and the worker-side one).
 """
 
 from __future__ import annotations
 
-import re
 import statistics
+import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from ultracluster.run.cost import budget_verdict
 
 PROGRESS_PREFIX = "UC_PROGRESS "
 RESULTS_PREFIX = "UC_RESULTS "
@@ -155,12 +160,77 @@ class ProgressThrottle:
         return self._take(line, progress, now) if final or due else []
 
 
-_CHECKPOINT = re.compile(r"^ckpt_(\d+)\.pt$")
+class JobLog:
+    """A job's Slurm log as a wait follows it: the task log's lines, the newest progress, the results
+    path, and the budget guard's verdict, from the bytes after ``offset``.
 
+    :param log: where the chosen lines go (the task's or the trigger's logger).
+    :param budget: ``{"max_usd", "usd_per_hour", "since"}`` (``cost.budget_verdict``); None: off.
+    """
 
-def newest_checkpoint(listing: str) -> int | None:
-    """Step of the newest complete checkpoint in ``remote_commands.list_files`` output of a
-    ``checkpoints/`` directory (``ckpt_<step>.pt``; the ``.tmp`` of a save in progress is not one)."""
-    steps = [int(m.group(1)) for line in listing.splitlines()
-             if (m := _CHECKPOINT.match(line.strip().split(" ", 1)[-1]))]
-    return max(steps, default=None)
+    def __init__(self, log: Any, *, path: str, offset: int = 0, interval_s: float = 30,
+                 every_steps: int | None = None, budget: Mapping[str, Any] | None = None) -> None:
+        self.log = log
+        self.path = path
+        self.offset = int(offset)
+        self.budget = dict(budget) if budget else None
+        self.over_budget: str | None = None
+        self.last_progress: dict[str, Any] | None = None
+        self.results_path: str | None = None
+        self._throttle = ProgressThrottle(interval_s=interval_s, every_steps=every_steps)
+        self._progress_seen = 0
+        self._pending = b""  # streamed bytes after the last complete line
+
+    def consume(self, size: int, data: bytes, max_bytes: int) -> bool:
+        """Log the complete new lines of a read from ``offset`` (``size``: the file's size, -1 for a
+        stream); True when more data is waiting."""
+        if 0 <= size < self.offset:
+            # The log was replaced (a job rerun into the same file): start again from its top.
+            self.log.warning("Slurm log %s shrank below offset %d; rereading it", self.path, self.offset)
+            self.offset = 0
+            return True
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) >= max_bytes:
+            end = len(data)  # one enormous line: move past it rather than stall on it forever
+        now = time.monotonic()
+        for raw in data[:end].splitlines():
+            self._line(raw.decode("utf-8", errors="replace").strip(), now)
+        self.offset += end
+        # Only a read cut at max_bytes means more is waiting; a partial line waits for the next read.
+        return end > 0 and len(data) >= max_bytes
+
+    def _line(self, line: str, now: float) -> None:
+        if not has_marker(line):
+            return
+        if (progress := parse_progress_line(line)) is not None:
+            self.last_progress = progress.to_dict()
+            self._progress_seen += 1
+            # Not on the first line seen: its ETA comes from a step that includes warm-up (graph
+            # load, compile) and overstates the rest of the run many times over.
+            if self.budget and not self.over_budget and self._progress_seen > 1:
+                self.over_budget = budget_verdict(self.budget, progress.eta_s)
+            for shown in self._throttle.offer(line, progress, now):
+                self.log.info("%s", shown)
+            return
+        # The newest held-back progress line goes first: it is the context of an error or result.
+        for shown in [*self._throttle.flush(now, final=True), line]:
+            self.log.info("%s", shown)
+        if (results := find_results_path(line)) is not None:
+            self.results_path = results
+
+    def stream(self, chunk: bytes) -> bool:
+        """Log streamed bytes as they come; False (stop waiting) once the budget is exceeded."""
+        self._pending += chunk
+        before = self.offset
+        self.consume(-1, self._pending, max_bytes=len(self._pending) + 1)
+        self._pending = self._pending[self.offset - before:]
+        self.flush(final=False)
+        return not self.over_budget
+
+    def restart_stream(self) -> None:
+        """A new stream starts at ``offset``: forget a partial line of the last one."""
+        self._pending = b""
+
+    def flush(self, *, final: bool) -> None:
+        for shown in self._throttle.flush(time.monotonic(), final=final):
+            self.log.info("%s", shown)

@@ -1,64 +1,20 @@
 """Every parse of Slurm output (sinfo, squeue, scontrol show job, sbatch, sacct). Formats match
 ``ultracluster.remote_commands``; the training job's own lines are parsed in ``parsers.progress``.
 
-Tested against real Slurm 22.05.8 output in tests/fixtures/slurm/. Stdlib only.
+Tested against real Slurm 22.05.8 output in tests/fixtures/slurm/. The job states and their
+verdicts are ``run.states``', the fleet's capacity rules ``run.fleet``'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-# Base job states (scontrol/squeue/sacct spell them the same way).
-PENDING_STATES = frozenset(
-    {
-        "PENDING",
-        "CONFIGURING",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SUSPENDED",
-        "STOPPED",
-        "SIGNALING",
-        "STAGE_OUT",
-        "RESV_DEL_HOLD",
-        "SPECIAL_EXIT",
-        "POWER_UP_NODE",
-    }
-)
-RUNNING_STATES = frozenset({"RUNNING", "COMPLETING"})
-SUCCESS_STATES = frozenset({"COMPLETED"})
-FAILURE_STATES = frozenset(
-    {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED"}
-)
-TERMINAL_STATES = SUCCESS_STATES | FAILURE_STATES
-
-# Node faults, the failures auto-resume answers (docs/operations.md, "Auto-resume"): the job lost a
-# node (NODE_FAIL), its nodes never booted (BOOT_FAIL), or it ended otherwise while Slurm gives a
-# node going down as the reason (Reason=NodeDown). Anything else, and any UC_ERROR, is the job's own.
-NODE_FAULT_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
-NODE_FAULT_REASONS = frozenset({"NodeDown"})
-
-
-def is_node_fault(state: str | None, reason: str | None = None) -> bool:
-    """Did the job end because of a node, not of its own doing?"""
-    return base_state(state or "") in NODE_FAULT_STATES or (reason or "").strip() in NODE_FAULT_REASONS
+from ultracluster.run.states import JOB_SUCCESS_STATES, JOB_TERMINAL_STATES, base_state
 
 
 class SlurmParseError(ValueError):
     """Slurm printed something the parser does not understand."""
-
-
-def base_state(state: str) -> str:
-    """``CANCELLED by 0`` -> ``CANCELLED``; ``COMPLETING+`` style suffixes dropped."""
-    return state.strip().split(" ", 1)[0].rstrip("+").upper()
-
-
-def is_active(state: str) -> bool:
-    """Queued or running: a job worth reattaching to."""
-    return base_state(state) in PENDING_STATES | RUNNING_STATES
 
 
 # ------------------------------------------------------------------------------------ sbatch
@@ -159,73 +115,6 @@ def parse_sinfo(stdout: str) -> list[NodeStatus]:
     return nodes
 
 
-@dataclass
-class PartitionCapacity:
-    """Can a partition run a job of ``wanted`` nodes now (or after powering dynamic nodes up)?"""
-
-    partition: str
-    wanted: int
-    idle: list[str] = field(default_factory=list)
-    powered_down: list[str] = field(default_factory=list)
-    busy: list[str] = field(default_factory=list)
-    unusable: dict[str, str] = field(default_factory=dict)  # node -> "state: reason"
-    failed: dict[str, str] = field(default_factory=dict)  # power-up failed: node -> "state: reason"
-    partition_up: bool = True
-
-    @property
-    def available(self) -> int:
-        return len(self.idle) + len(self.powered_down)
-
-    @property
-    def ready(self) -> bool:
-        return self.partition_up and self.available >= self.wanted
-
-    @property
-    def impossible(self) -> bool:
-        """Even once every busy node frees up, too few nodes are usable: waiting will not help."""
-        return not self.partition_up or self.available + len(self.busy) < self.wanted
-
-    def describe(self) -> str:
-        text = (
-            f"partition {self.partition}: need {self.wanted} node(s); idle {len(self.idle)}, "
-            f"idle~ (powered down) {len(self.powered_down)}, busy {len(self.busy)}, "
-            f"unusable {len(self.unusable)}" + (f", failed to power up {len(self.failed)}" if self.failed else "")
-        )
-        if not self.partition_up:
-            text += " (partition is not up)"
-        if self.unusable or self.failed:
-            text += "; " + "; ".join(f"{node} {why}" for node, why in sorted({**self.unusable, **self.failed}.items()))
-        return text
-
-
-def partition_capacity(nodes: Iterable[NodeStatus], partition: str | None, wanted: int) -> PartitionCapacity:
-    """Summarise one partition; ``partition=None`` means the default partition."""
-    nodes = list(nodes)
-    if partition is None:
-        defaults = [n.partition for n in nodes if n.default_partition]
-        if not defaults:
-            raise SlurmParseError("sinfo shows no default partition; name the queue explicitly")
-        partition = defaults[0]
-    members = [n for n in nodes if n.partition == partition]
-    if not members:
-        known = sorted({n.partition for n in nodes})
-        raise SlurmParseError(f"Partition {partition!r} not found in sinfo (partitions: {known})")
-    capacity = PartitionCapacity(partition=partition, wanted=wanted)
-    capacity.partition_up = all(n.available == "up" for n in members)
-    for node in members:
-        if node.power_up_failed:
-            capacity.failed[node.name] = f"{node.state}: {node.reason}"
-        elif node.is_unusable:
-            capacity.unusable[node.name] = f"{node.state}: {node.reason or 'no reason given'}"
-        elif node.is_idle_ready:
-            capacity.idle.append(node.name)
-        elif node.is_idle_powered_down:
-            capacity.powered_down.append(node.name)
-        else:
-            capacity.busy.append(node.name)
-    return capacity
-
-
 # ------------------------------------------------------------------------------------ squeue
 
 
@@ -301,11 +190,11 @@ class JobInfo:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in JOB_TERMINAL_STATES
 
     @property
     def succeeded(self) -> bool:
-        return self.state in SUCCESS_STATES
+        return self.state in JOB_SUCCESS_STATES
 
 
 def _null(value: str | None) -> str | None:

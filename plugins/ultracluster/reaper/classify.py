@@ -1,4 +1,4 @@
-"""Which of the pipeline's resources are orphans: the reaper's rules, in one place (stdlib only).
+"""Which of the pipeline's resources are orphans: the reaper's rules, in one place.
 
 A resource is reaped only when it carries the created-by marker and either its run has ended, or
 its expiry has passed and its run cannot be found. Anything else is kept, with the reason why.
@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from ultracluster.tags import CREATED_BY, CREATED_BY_TAG, DAG_ID_TAG, EXPIRES_AT_TAG, RUN_ID_TAG, parse_expiry
+from ultracluster.run.states import RUN_ENDED
+from ultracluster.run.tags import CREATED_BY, CREATED_BY_TAG, DAG_ID_TAG, EXPIRES_AT_TAG, RUN_ID_TAG, parse_expiry
 
 # (dag_id, run_id) -> the DAG run's state ("queued", "running", "success", "failed"), None when
 # there is no such run. Errors propagate: a run must not look gone because the API was unreachable.
 RunState = Callable[[str, str], "str | None"]
 
-ENDED = ("success", "failed")
 CLUSTER, STACK, SCRATCH = "cluster", "stack", "scratch"
 
 
@@ -48,7 +48,7 @@ def judge(kind: str, name: str, tags: dict[str, str], run_state: RunState, now: 
     if dag_id and run_id:
         raw = run_state(dag_id, run_id)
         state = str(getattr(raw, "value", raw)).lower() if raw is not None else None
-    if state in ENDED:
+    if state in RUN_ENDED:
         return verdict(True, f"run ended ({state})")
     if state is not None:  # queued, running, or a state this code does not know: live
         return verdict(False, f"kept: run is {state}")

@@ -5,15 +5,14 @@ Rules this module keeps so callers cannot get them wrong:
 - secrets (presigned URLs) never appear in a command line: they travel on the command's stdin as a
   curl config (``curl -K -``), so they are not in ``ps`` on the head node, in logs or in XCom;
 - ``str(command)`` is a short safe description, the text that is actually run is ``command.shell``.
-Only the stdlib is imported: the DAG file imports operators that import this module at parse time.
 """
 
-from ultracluster.remote_commands._base import RemoteCommand, _check_job_id, _env_words, _from_argv
+from ultracluster.remote_commands.command import RemoteCommand, check_job_id, env_words, from_argv
 from ultracluster.remote_commands.files import *  # noqa: F403
 from ultracluster.remote_commands.files import _curl_config
 from ultracluster.remote_commands.slurm import *  # noqa: F403
 from ultracluster.remote_commands.slurm import SINFO_FORMAT, SQUEUE_FORMAT
 from ultracluster.remote_commands.wait import WAIT_END_MARKER, wait_job_end, wait_nodes_change
 
-__all__ = ["RemoteCommand", "SINFO_FORMAT", "SQUEUE_FORMAT", "WAIT_END_MARKER", "_check_job_id", "_curl_config",
-           "_env_words", "_from_argv", "wait_job_end", "wait_nodes_change"]
+__all__ = ["RemoteCommand", "SINFO_FORMAT", "SQUEUE_FORMAT", "WAIT_END_MARKER", "check_job_id", "_curl_config",
+           "env_words", "from_argv", "wait_job_end", "wait_nodes_change"]

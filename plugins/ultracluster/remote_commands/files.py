@@ -5,10 +5,11 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Sequence
 
-from ultracluster.remote_commands._base import RemoteCommand, _from_argv
+from ultracluster.remote_commands.command import RemoteCommand, from_argv
+
 
 def make_dirs(*paths: str) -> RemoteCommand:
-    return _from_argv("mkdir", "-p", "--", *paths)
+    return from_argv("mkdir", "-p", "--", *paths)
 
 
 def read_file(path: str, max_bytes: int = 1_000_000) -> RemoteCommand:
@@ -72,7 +73,6 @@ def write_file(path: str, content: str) -> RemoteCommand:
 
 def _curl_config(entries: Iterable[tuple[str, str]]) -> str:
     """curl ``-K`` config text; values double-quoted with curl's escaping rules."""
-
     def quote(value: str) -> str:
         if any(c in value for c in "\n\r\x00"):
             raise ValueError("curl config values cannot hold newlines")
@@ -138,11 +138,11 @@ def download_to_file(presigned_url: str, destination: str) -> RemoteCommand:
 
 
 def sha256_of(path: str) -> RemoteCommand:
-    return _from_argv("sha256sum", "--", path)
+    return from_argv("sha256sum", "--", path)
 
 
 def unpack_tar(tar_path: str, destination_dir: str) -> RemoteCommand:
-    return _from_argv("tar", "-x", "-f", tar_path, "-C", destination_dir, "--no-same-owner",
+    return from_argv("tar", "-x", "-f", tar_path, "-C", destination_dir, "--no-same-owner",
                       description=f"unpack {tar_path} into {destination_dir}")
 
 
@@ -178,7 +178,7 @@ def verify_checksum_manifest(directory: str) -> RemoteCommand:
 
 
 def remove_files(*paths: str) -> RemoteCommand:
-    return _from_argv("rm", "-f", "--", *paths)
+    return from_argv("rm", "-f", "--", *paths)
 
 
 # ---------------------------------------------------------------------------------- artifacts

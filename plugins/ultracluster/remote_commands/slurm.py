@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from ultracluster.remote_commands._base import RemoteCommand, _check_job_id, _env_words, _from_argv
+from ultracluster.remote_commands.command import RemoteCommand, check_job_id, env_words, from_argv
 
 # Output formats the parsers in ultracluster.parsers.slurm expect. Free text (reason, comment) is
 # kept in the last column so a "|" inside it cannot shift the other columns.
@@ -18,23 +16,6 @@ SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%k"
 # Slurm job states squeue is asked about when looking for a job to reattach to.
 _ALL_STATES = "all"
 
-_JOB_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-JOB_NAME_MAX = 120
-
-
-def slurm_job_name(dag_id: str, run_id: str, task_id: str, map_index: int = -1, label: str | None = None) -> str:
-    """Deterministic, shell- and Slurm-safe job name for one task of one run.
-
-    The readable part is sanitised and cut; the hash of the exact ids keeps two runs (or two
-    tasks) whose ids sanitise to the same text apart, so reattach never picks another run's job.
-    """
-    identity = f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}"
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    readable = _JOB_NAME_UNSAFE.sub("_", label or f"{dag_id}.{task_id}").strip("._-") or "task"
-    readable = readable[: JOB_NAME_MAX - len(digest) - 4]
-    return f"uc.{readable}.{digest}"
-
-
 # ----------------------------------------------------------------------------------------- Slurm
 
 
@@ -43,24 +24,24 @@ def sinfo(partition: str | None = None) -> RemoteCommand:
     argv = ["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT]
     if partition:
         argv += ["--partition", partition]
-    return _from_argv(*argv)
+    return from_argv(*argv)
 
 
 def squeue_by_name(job_name: str) -> RemoteCommand:
     """Live and recently finished (still in slurmctld memory) jobs with this exact name."""
-    return _from_argv("squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT)
+    return from_argv("squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT)
 
 
 def squeue_job(job_id: str | int) -> RemoteCommand:
     """The job with this id (live or recently finished): its name and comment say whose it is."""
-    return _from_argv(
-        "squeue", "--noheader", "--states", _ALL_STATES, "--jobs", _check_job_id(job_id), "--format", SQUEUE_FORMAT
+    return from_argv(
+        "squeue", "--noheader", "--states", _ALL_STATES, "--jobs", check_job_id(job_id), "--format", SQUEUE_FORMAT
     )
 
 
 def scontrol_show_job(job_id: str | int) -> RemoteCommand:
     # The one-line form keeps the parse simple; the parser accepts both forms anyway.
-    return _from_argv("scontrol", "--oneliner", "show", "job", _check_job_id(job_id))
+    return from_argv("scontrol", "--oneliner", "show", "job", check_job_id(job_id))
 
 
 def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
@@ -68,14 +49,14 @@ def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
 
     With ``job_name`` only a job of that id AND name is listed (a rebuilt cluster reuses ids).
     """
-    argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", _check_job_id(job_id)]
+    argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", check_job_id(job_id)]
     if job_name:
         argv += ["--name", job_name]
-    return _from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
+    return from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
 
 
 def scancel(job_id: str | int) -> RemoteCommand:
-    return _from_argv("scancel", _check_job_id(job_id))
+    return from_argv("scancel", check_job_id(job_id))
 
 
 # The job's files next to each other in its directory: the Slurm log (out), srun's exit code (exit)
@@ -84,7 +65,7 @@ _JOB_FILE = "{job_dir}/slurm-{job_id}.{kind}"
 
 
 def job_file(job_dir: str, job_id: str | int, kind: str) -> str:
-    return _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id=_check_job_id(job_id), kind=kind)
+    return _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id=check_job_id(job_id), kind=kind)
 
 
 def sbatch(
@@ -119,7 +100,7 @@ def sbatch(
     """
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-    env_words = _env_words(job_env)
+    env_words = env_words(job_env)
     run = shlex.join(["srun", script_path])
     if launcher:
         run = _launch(launcher, launcher_dirs, launcher_fallback_env, script_path, job_dir)
@@ -161,7 +142,7 @@ def _launch(launcher: str, dirs: Sequence[str], fallback_env: Mapping[str, str] 
              f'srun "$L" {shlex.quote(script_path)}')
     if fallback_env is not None:
         missing = (f"echo {shlex.quote(f'UC_INFO launch mode=compile_only {launcher} not found in {where}')}"
-                   f" | tee {marker}; {shlex.join([*_env_words(fallback_env), 'srun', script_path])}")
+                   f" | tee {marker}; {shlex.join([*env_words(fallback_env), 'srun', script_path])}")
     else:
         reason = (f"UC_ERROR {launcher} not found in {where}: install the Neuron tools on the nodes "
                   "or point training_python at the Neuron venv")

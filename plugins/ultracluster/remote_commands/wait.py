@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import shlex
 
-from ultracluster.remote_commands._base import RemoteCommand, _check_job_id
+from ultracluster.remote_commands.command import RemoteCommand, check_job_id
 from ultracluster.remote_commands.slurm import sinfo
+from ultracluster.run.states import JOB_PENDING_STATES, JOB_RUNNING_STATES
 
 WAIT_END_MARKER = "UC_WAIT_END"
 # States in which the job may still change: anything else (or a job slurmctld forgot) ends the wait.
-ACTIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_FED",
-                 "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD")
+ACTIVE_STATES = tuple(sorted(JOB_PENDING_STATES | JOB_RUNNING_STATES))
 
 _SCRIPT = r"""
 job={job}; log={log}; off={offset}; interval={interval}; end=$((SECONDS + {window}))
@@ -55,7 +55,7 @@ def wait_job_end(job_id: str | int, log_path: str, log_offset: int, *, interval_
     """
     if interval_s <= 0 or window_s <= 0:
         raise ValueError("interval_s and window_s must be positive")
-    script = _SCRIPT.format(job=_check_job_id(job_id), log=shlex.quote(log_path), offset=max(0, int(log_offset)),
+    script = _SCRIPT.format(job=check_job_id(job_id), log=shlex.quote(log_path), offset=max(0, int(log_offset)),
                             interval=f"{float(interval_s):g}", window=int(window_s), marker=WAIT_END_MARKER,
                             active=" ".join(ACTIVE_STATES))
     return RemoteCommand(shell=f"bash -c {shlex.quote(script)}",

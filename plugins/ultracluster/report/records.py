@@ -6,40 +6,18 @@ part may be missing (a failed or still running run): every field is then None.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
-ENDED = ("success", "failed")
-STATES = ("success", "failed", "running", "queued", "missing")
+from ultracluster.run.clock import parse_time
+from ultracluster.run.states import run_state_name
+
 # The source DAG's tasks whose XComs feed a record.
 XCOM_TASKS = ("preflight", "pcluster_create", "wait_for_fleet", "train", "collect_results", "delete_cluster")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An ISO-8601 string (or datetime) as an aware datetime (naive means UTC); None if unreadable."""
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str) and value:
-        try:
-            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    else:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _iso(value: Any) -> str | None:
     moment = parse_time(value)
     return moment.isoformat() if moment else None
-
-
-def minutes_between(start: Any, end: Any) -> float | None:
-    """Minutes from ``start`` to ``end`` (ISO strings); None when either is unknown or end < start."""
-    first, last = parse_time(start), parse_time(end)
-    if first is None or last is None or last < first:
-        return None
-    return (last - first).total_seconds() / 60
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -51,11 +29,6 @@ def _dict(value: Any) -> dict[str, Any]:
 
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
-
-
-def normalize_state(state: Any) -> str:
-    """A DagRun state as the report names it; no run (None) is "missing"."""
-    return str(getattr(state, "value", state) or "missing").lower()
 
 
 def run_record(index_entry: Mapping[str, Any], state: Any, xcoms: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,7 +49,7 @@ def run_record(index_entry: Mapping[str, Any], state: Any, xcoms: Mapping[str, A
         "run_id": index_entry.get("run_id"),
         "dag_id": index_entry.get("dag_id"),
         "written_at": _iso(index_entry.get("written_at")),
-        "state": normalize_state(state),
+        "state": run_state_name(state),
         "point": point or None,
         "scaling_mode": _first(point.get("scaling_mode"), plan.get("scaling_mode"), metrics.get("scaling_mode")),
         "nodes": _first(metrics.get("nodes"), plan.get("num_nodes"), point.get("num_nodes")),

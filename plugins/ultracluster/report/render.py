@@ -1,10 +1,10 @@
-"""The report as Markdown, self-contained HTML (the plot embedded) and JSON (stdlib only)."""
+"""The report as Markdown, HTML (the report's own page, and the parts the plugin's pages share) and JSON."""
 from __future__ import annotations
 
 import base64
 import html
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 Row = Mapping[str, Any]
@@ -64,7 +64,7 @@ def summary(report: Mapping[str, Any]) -> str:
     return text + (" **Partial**: not every point has finished." if report.get("partial") else "")
 
 
-def _bullets(report: Mapping[str, Any]) -> dict[str, list[str]]:
+def bullets(report: Mapping[str, Any]) -> dict[str, list[str]]:
     """The lists under the table: efficiency, pending points, notes, prices."""
     formula, baseline = report.get("efficiency_formula"), report.get("baseline_nodes")
     if not formula:
@@ -88,36 +88,76 @@ def render_markdown(report: Mapping[str, Any]) -> str:
              "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in cells]
     lines += ["", LEGEND]
-    for title, items in _bullets(report).items():
+    for title, items in bullets(report).items():
         if items:
             lines += ["", f"**{title}**", ""] + [f"- {item}" for item in items]
     return "\n".join(lines) + "\n"
 
 
-_STYLE = ("body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
-          "th,td{border:1px solid #bbb;padding:4px 8px;text-align:right}th{background:#eee}"
-          "td:last-child{text-align:left}img{max-width:100%}")
+# One style for every page: the report's own file and the plugin's pages (ui/pages.py).
+STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:1em 0}"
+         "th,td{border:1px solid #bbb;padding:4px 8px;text-align:right}th{background:#eee}"
+         "td.text,th.text{text-align:left}img{max-width:100%;height:auto}.muted{color:#666}"
+         ".error{color:#a00}dl{display:grid;grid-template-columns:max-content auto;gap:4px 16px}"
+         "dt{font-weight:bold}dd{margin:0;font-family:monospace}")
+
+
+def escape(value: Any) -> str:
+    return html.escape("-" if value is None else str(value))
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A whole page: inline style, no script, no external assets."""
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
+        *body, "</body></html>"]) + "\n"
+
+
+def html_table(headers: Sequence[str], rows: Iterable[Sequence[str]], text_columns: Iterable[int] = ()) -> str:
+    """Cells are HTML already (escaped by the caller); ``text_columns`` align left."""
+    left = set(text_columns)
+
+    def cls(i: int) -> str:
+        return ' class="text"' if i in left else ""
+
+    head = "".join(f"<th{cls(i)}>{escape(h)}</th>" for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(f"<td{cls(i)}>{c}</td>" for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def report_body(report: Mapping[str, Any], image_src: str, *, status_links: Sequence[str | None] = ()) -> list[str]:
+    """The report as page parts: title, summary, plot, table, legend and the lists under it.
+
+    ``status_links``: per measured row, a URL its Status cell links to (the run in the Airflow UI).
+    """
+    headers, cells = table(report)
+    status = len(headers) - 1
+    rows = []
+    for index, row in enumerate(cells):
+        shown = [escape(c) for c in row]
+        link = status_links[index] if index < len(status_links) else None
+        if link:
+            shown[status] = f'<a href="{escape(link)}" target="_top">{shown[status]}</a>'
+        rows.append(shown)
+    parts = [
+        f"<h1>{escape(report['title'])}</h1>",
+        f"<p>{escape(summary(report).replace('`', '').replace('**', ''))}</p>",
+        f'<img id="plot" alt="Throughput and efficiency against nodes" width="800" height="600" '
+        f'src="{escape(image_src)}">',
+        html_table(headers, rows, text_columns=(status,)),
+        f'<p class="muted">{escape(LEGEND.replace("`", ""))}</p>',
+    ]
+    for title, items in bullets(report).items():
+        if items:
+            parts.append(f"<h2>{escape(title)}</h2><ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
+    return parts
 
 
 def render_html(report: Mapping[str, Any], png_bytes: bytes) -> str:
-    """One self-contained page: inline style, the plot as a data URI, no external assets."""
-    e = html.escape
-    headers, cells = table(report)
-    head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in cells)
-    image = base64.b64encode(png_bytes).decode("ascii")
-    parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(report['title'])}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{e(report['title'])}</h1>", f"<p>{e(summary(report).replace('`', '').replace('**', ''))}</p>",
-        f'<img alt="Throughput and efficiency against nodes" src="data:image/png;base64,{image}">',
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
-        f"<p>{e(LEGEND.replace('`', ''))}</p>",
-    ]
-    for title, items in _bullets(report).items():
-        if items:
-            parts.append(f"<h2>{e(title)}</h2><ul>" + "".join(f"<li>{e(i)}</li>" for i in items) + "</ul>")
-    return "\n".join(parts + ["</body></html>"]) + "\n"
+    """One self-contained page: the plot embedded as a data URI."""
+    image = "data:image/png;base64," + base64.b64encode(png_bytes).decode("ascii")
+    return page(report["title"], report_body(report, image))
 
 
 def report_json(report: Mapping[str, Any]) -> str:

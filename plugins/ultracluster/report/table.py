@@ -6,8 +6,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ultracluster.cost import run_cost
-from ultracluster.report.records import ENDED, chosen_run, minutes_between, point_nodes
+from ultracluster.report.records import chosen_run, point_nodes
+from ultracluster.run.clock import minutes_between
+from ultracluster.run.cost import run_cost
+from ultracluster.run.states import RUN_ENDED
 
 EFFICIENCY_FORMULAS = {
     "strong": "T1·N1 / (TN·N), T = time to train, against the smallest successful point (N1 nodes)",
@@ -117,7 +119,7 @@ def pending(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     cluster's deletion is left (the results are in)."""
     return [{"nodes": r["nodes"], "status": r["status"], "run_id": r.get("run_id"),
              "tearing_down": TEARING_DOWN in r["notes"]}
-            for r in rows if r["status"] not in ENDED]
+            for r in rows if r["status"] not in RUN_ENDED]
 
 
 def make_report(sweep_id: str, source_dag_id: str, sweep_points: Sequence[int],

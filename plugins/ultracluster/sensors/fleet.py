@@ -1,33 +1,118 @@
 """wait_for_fleet: the cluster is up and Slurm can run ``num_nodes`` nodes; returns the head node.
 
-The XCom value, ``{"cluster_name", "address", "host_key", "partition"}``, is what every later task
-uses to reach the head node; ``host_key`` is pinned here at first contact.
+The XCom value, ``{"cluster_name", "address", "host_key", "partition", "ready_at"}``, is what every
+later task uses to reach the head node; ``host_key`` is pinned here at first contact. Deferred, the
+wait is ``triggers.fleet``'s; in a worker (``deferrable=False``, or train's auto-resume without a
+triggerer) it is ``FleetCheck``'s. Both judge with ``run.fleet``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk import BaseHook, BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ultracluster.clock import utc_now
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
-from ultracluster.operators.config import node_count
+from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.parsers.pcluster import ClusterNotFoundError, PclusterError, cluster_facts, cluster_identity
+from ultracluster.parsers.slurm import parse_sinfo
+from ultracluster.remote_commands import sinfo
+from ultracluster.run.clock import utc_now
+from ultracluster.run.events import deterministic
+from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
+from ultracluster.run.plan import node_count
+from ultracluster.run.states import FAILED, PENDING, READY
+from ultracluster.triggers.fleet import ComputeFleetTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 # Task state store key: the host key from first contact survives retries of this sensor, stored as
-# {"host_key", "cluster"}: the key is reused only for that same cluster (triggers.fleet.cluster_identity).
+# {"host_key", "cluster"}: the key is reused only for that same cluster (parsers.pcluster.cluster_identity).
 STATE_KEY_HOST_KEY = "head_node_host_key"
 
 
+def ssh_port(ssh_conn_id: str) -> int:
+    return int(BaseHook.get_connection(ssh_conn_id).port or 22)
+
+
+class FleetCheck:
+    """The fleet wait in a worker: one round of both gates per ``check``, on the sync hooks.
+
+    Arguments as ``triggers.fleet.ComputeFleetTrigger``'s; ``pin``: ``{"host_key", "cluster"}``.
+    """
+
+    def __init__(self, *, cluster_name: str, num_nodes: int, partition: str | None, pcluster_hook: ParallelClusterHook,
+                 ssh_conn_id: str, ssh_port: int, pin: dict[str, Any] | None = None, keep_host_key: bool = False,
+                 stuck_after_s: float = 600) -> None:
+        self.cluster_name, self.num_nodes, self.partition = cluster_name, int(num_nodes), partition
+        self.pcluster_hook, self.ssh_conn_id, self.ssh_port = pcluster_hook, ssh_conn_id, int(ssh_port)
+        self.pin = dict(pin or {})
+        self.keep_host_key, self.stuck_after_s = keep_host_key, float(stuck_after_s)
+        self._unusable_since: dict[str, float] = {}
+
+    def check(self) -> tuple[Judgement, dict[str, Any] | None]:
+        """(judgement, head node when ready). A host key mismatch raises HostKeyMismatchError."""
+        try:
+            description = self.pcluster_hook.describe_cluster(self.cluster_name)
+        except ClusterNotFoundError as err:
+            return Judgement(FAILED, "cluster_gone", f"Cluster {self.cluster_name} does not exist: {err}"), None
+        except PclusterError as err:
+            return Judgement(PENDING, "api_error", f"describe-cluster failed: {err}"), None
+        facts = cluster_facts(description)
+        judgement = judge_cluster(**facts)
+        if judgement.verdict != READY:
+            return judgement, None
+        address, identity = facts["head_node_address"], cluster_identity(description)
+        if self.pin.get("cluster") != identity and not self.keep_host_key:
+            self.pin = {}  # pinned for an earlier cluster of this name
+        if not self.pin.get("host_key"):
+            if self.keep_host_key:
+                raise ValueError("keep_host_key needs a pinned host_key")
+            try:
+                self.pin = {"host_key": HeadNodeHook.fetch_host_key(address, self.ssh_port), "cluster": identity}
+            except OSError as err:
+                return Judgement(PENDING, "head_node_pending",
+                                 f"head node {address}:{self.ssh_port} sshd not answering yet ({err!r})"), None
+        head_node = {"cluster_name": self.cluster_name, "address": address, "host_key": self.pin["host_key"]}
+        hook = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=head_node)
+        try:
+            result = hook.run(sinfo(self.partition))
+        except HeadNodeUnreachableError as err:
+            return Judgement(PENDING, "head_node_pending", f"head node not reachable over SSH yet: {err}"), None
+        finally:
+            hook.close()
+        if not result.ok:  # slurmctld still starting
+            return Judgement(PENDING, "slurm_pending", f"Slurm not answering yet: {result.stderr.strip()[:500]}"), None
+        judgement, capacity = judge_nodes(parse_sinfo(result.stdout), self.partition, self.num_nodes,
+                                          since=self._unusable_since, now=time.monotonic(),
+                                          stuck_after_s=self.stuck_after_s)
+        if judgement.verdict != READY:
+            return judgement, None
+        return judgement, {**head_node, "partition": capacity.partition}
+
+    def wait(self, timeout_s: float, interval_s: float, log: Any) -> dict[str, Any]:
+        """``check`` until ready (the head node) or failed (AirflowException), at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            judgement, head_node = self.check()
+            if judgement.verdict == READY:
+                return head_node
+            if judgement.verdict == FAILED:
+                raise AirflowException(judgement.message)
+            if time.monotonic() >= deadline:
+                raise AirflowException(f"Fleet not ready after {timeout_s:.0f} s: {judgement.message}")
+            log.info("Waiting: %s", judgement.message)
+            time.sleep(interval_s)
+
+
 class ComputeFleetSensor(BaseSensorOperator):
-    """Wait for CREATE_COMPLETE + computeFleetStatus RUNNING + enough idle/idle~ Slurm nodes.
+    """Wait for the cluster gate (CREATE_COMPLETE, fleet RUNNING) and enough idle/idle~ Slurm nodes.
 
     :param cluster_name: ParallelCluster name.
     :param num_nodes: nodes the jobs need.
@@ -63,86 +148,59 @@ class ComputeFleetSensor(BaseSensorOperator):
         self.pcluster_conn_id = pcluster_conn_id
         self.ssh_conn_id = ssh_conn_id
         self.deferrable = deferrable
-        self._pin: dict[str, Any] | None = None  # {"host_key", "cluster"}
+        self._check: FleetCheck | None = None
 
     def _validate(self) -> None:
         self.num_nodes = node_count(self.num_nodes)
         if not self.cluster_name:
             raise ValueError("cluster_name is required")
 
-    def _ssh_port(self) -> int:
-        from airflow.sdk import BaseHook
-
-        return int(BaseHook.get_connection(self.ssh_conn_id).port or 22)
-
-    def _trigger(self, context: Context):
-        from ultracluster.triggers.fleet import ComputeFleetTrigger
-
+    def _stored_pin(self, context: Context) -> dict[str, Any]:
         store = context.get("task_state_store")
-        pin = self._pin or (store.get(STATE_KEY_HOST_KEY) if store is not None else None)
-        # An older plain-string value has no cluster identity: it cannot be matched, so it is dropped.
-        pin = pin if isinstance(pin, dict) else {}
-        return ComputeFleetTrigger(
-            cluster_name=self.cluster_name,
-            num_nodes=int(self.num_nodes),
-            partition=self.partition,
-            pcluster_conn_id=self.pcluster_conn_id,
-            ssh_conn_id=self.ssh_conn_id,
-            ssh_port=self._ssh_port(),
-            host_key=pin.get("host_key"),
-            host_key_cluster=pin.get("cluster"),
-            poke_interval=self.poke_interval,
-            region_name=self.region_name or None,
-        )
+        pin = store.get(STATE_KEY_HOST_KEY) if store is not None else None
+        return pin if isinstance(pin, dict) else {}  # an older plain string has no cluster: dropped
+
+    def _remember_pin(self, context: Context, pin: dict[str, Any]) -> None:
+        store = context.get("task_state_store")
+        if pin.get("host_key") and store is not None and pin != self._stored_pin(context):
+            store.set(STATE_KEY_HOST_KEY, pin)
 
     def execute(self, context: Context) -> Any:
         self._validate()
         if not self.deferrable:
             return super().execute(context)
-        self.defer(
-            trigger=self._trigger(context),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout),
-        )
+        pin = self._stored_pin(context)
+        trigger = ComputeFleetTrigger(
+            cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
+            pcluster_conn_id=self.pcluster_conn_id, ssh_conn_id=self.ssh_conn_id,
+            ssh_port=ssh_port(self.ssh_conn_id), host_key=pin.get("host_key"), host_key_cluster=pin.get("cluster"),
+            poke_interval=self.poke_interval, region_name=self.region_name or None)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
-        """Worker-side wait: the trigger's checks, one round per poke."""
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-        from ultracluster.triggers.fleet import FAIL, READY
-
-        trigger = self._trigger(context)
-        verdict, reason, head_node = asyncio.run(
-            trigger.check_once(
-                ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name or None)
-            )
-        )
-        self._remember_host_key(context, trigger.host_key, trigger.host_key_cluster)
-        if verdict == FAIL:
-            raise AirflowException(reason)
-        self.log.info("%s", reason)
-        if verdict == READY:
+        """Worker-side wait: one round of both gates per poke (``FleetCheck``)."""
+        if self._check is None:
+            self._check = FleetCheck(
+                cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
+                pcluster_hook=ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None),
+                ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id), pin=self._stored_pin(context))
+        try:
+            judgement, head_node = self._check.check()
+        finally:
+            self._remember_pin(context, self._check.pin)
+        if judgement.verdict == FAILED:
+            raise AirflowException(judgement.message)
+        self.log.info("%s", judgement.message)
+        if judgement.verdict == READY:
             head_node = {**head_node, "ready_at": utc_now()}
-        return PokeReturnValue(is_done=verdict == READY, xcom_value=head_node)
-
-    def _remember_host_key(self, context: Context, host_key: str | None, cluster: str | None) -> None:
-        pin = {"host_key": host_key, "cluster": cluster}
-        if host_key and pin != self._pin:
-            self._pin = pin
-            store = context.get("task_state_store")
-            if store is not None:
-                store.set(STATE_KEY_HOST_KEY, pin)
+        return PokeReturnValue(is_done=judgement.verdict == READY, xcom_value=head_node)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        self._remember_pin(context, {"host_key": event.get("host_key"), "cluster": event.get("host_key_cluster")})
         if event.get("status") != "success":
-            self._remember_host_key(context, event.get("host_key"), event.get("host_key_cluster"))
-            raise AirflowException(event.get("message") or f"wait_for_fleet failed: {event}")
+            error = AirflowFailException if deterministic(event) else AirflowException
+            raise error(event.get("message") or f"wait_for_fleet failed: {event}")
         head_node = {**event["head_node"], "ready_at": utc_now()}  # idle fleet time starts here
-        self._remember_host_key(context, head_node.get("host_key"), event.get("host_key_cluster"))
-        self.log.info(
-            "Cluster %s ready: head node %s, partition %s. %s",
-            head_node["cluster_name"],
-            head_node["address"],
-            head_node.get("partition"),
-            event.get("message"),
-        )
+        self.log.info("Cluster %s ready: head node %s, partition %s. %s", head_node["cluster_name"],
+                      head_node["address"], head_node.get("partition"), event.get("message"))
         return head_node

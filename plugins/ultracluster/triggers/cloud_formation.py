@@ -4,12 +4,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.providers.amazon.aws.exceptions import WaiterMaxAttemptsError, WaiterTerminalFailure
 from airflow.providers.amazon.aws.triggers.base import AwsBaseWaiterTrigger
 from airflow.triggers.base import TriggerEvent
 
 from ultracluster.hooks.network_stack import NetworkStackHook
-from ultracluster.tags import RUN_ID_TAG
-from ultracluster.triggers._kill_guard import should_delete_on_kill
+from ultracluster.run.events import event
+from ultracluster.run.tags import RUN_ID_TAG
+from ultracluster.triggers.kill_guard import should_delete_on_kill
 
 # Waiter name -> what a failure is called in the task log.
 _FAILURES = {"stack_create_complete": "Stack creation failed", "stack_delete_complete": "Stack deletion failed"}
@@ -19,7 +21,8 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
     """
     Wait for ``stack_create_complete`` or ``stack_delete_complete`` (botocore's waiters).
 
-    Events: ``{"status": "success"|"error", "stack_name", "message"}``.
+    Events (``run.events``): ``complete``; ``stack_failed`` (the waiter's failure state),
+    ``timeout``, ``api_error``; each with ``stack_name``.
 
     :param owner_run_id: with ``delete_on_kill``, killing the waiting task deletes the stack, but
         only if its ``ultracluster:run-id`` tag is this run (a failed setup gets no teardown).
@@ -60,15 +63,25 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
         self.owner_run_id = owner_run_id
         self.delete_on_kill = delete_on_kill
 
+    def _event_from_exception(self, error: Exception) -> TriggerEvent:
+        if isinstance(error, WaiterTerminalFailure):
+            reason = "stack_failed"
+        elif isinstance(error, WaiterMaxAttemptsError) and "credentials" not in str(error):
+            reason = "timeout"
+        else:
+            reason = "api_error"
+        return TriggerEvent(event(reason, str(error), stack_name=self.stack_name))
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
-            async for event in super().run():
-                message = event.payload.get("message")
-                yield TriggerEvent({**event.payload, "stack_name": self.stack_name, "message": message or ""})
+            async for raised in super().run():
+                if raised.payload.get("status") == "success":
+                    yield TriggerEvent(event("complete", f"Stack {self.stack_name}: done", stack_name=self.stack_name))
+                else:
+                    yield raised  # built by _event_from_exception
         except Exception as error:  # an endpoint or credentials error: the task still cleans up
             self.log.exception("Waiting for stack %s failed", self.stack_name)
-            yield TriggerEvent({"status": "error", "stack_name": self.stack_name,
-                                "message": f"{type(error).__name__}: {error}"})
+            yield self._event_from_exception(error)
 
     async def on_kill(self) -> None:
         if not await should_delete_on_kill(self, self.stack_name):

@@ -10,15 +10,26 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from ultracluster.triggers._backoff import api_delay
-from ultracluster.triggers._kill_guard import should_delete_on_kill
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.parsers.pcluster import PclusterError, failures, public_description
+from ultracluster.run.events import event
+from ultracluster.run.states import DELETE_COMPLETE, GONE, cluster_verdict
+from ultracluster.run.tags import cluster_owner
+from ultracluster.triggers.backoff import api_delay
+from ultracluster.triggers.kill_guard import should_delete_on_kill
+from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
 MAX_CONSECUTIVE_ERRORS = 5
 
+
 class ClusterStatusTrigger(BaseTrigger):
     """
     Poll ``pcluster describe-cluster`` until a waiter of waiters/pcluster.json decides.
+
+    Events (``run.events``), with ``cluster_name``, ``waiter_name``, ``cluster_status``,
+    ``failures`` and ``description`` (secrets removed): ``complete``; ``cluster_failed`` or
+    ``cluster_gone`` (the waiter's failure states); ``api_error``; ``timeout``.
 
     :param waiter_name: ``ClusterCreateComplete`` or ``ClusterDeleteComplete``.
     :param owner_run_id: the run id tagged on a cluster this run created; on_kill only deletes a
@@ -64,20 +75,21 @@ class ClusterStatusTrigger(BaseTrigger):
             },
         )
 
-    def _hook(self):
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-
+    def _hook(self) -> ParallelClusterHook:
         return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        from ultracluster.parsers.pcluster import DELETE_COMPLETE, PclusterError, failures, public_description
-        from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
+    def _event(self, reason: str, message: str, description: dict | None = None) -> TriggerEvent:
+        description = description or {}
+        return TriggerEvent(event(
+            reason, message, cluster_name=self.cluster_name, waiter_name=self.waiter_name,
+            cluster_status=description.get("clusterStatus", ""), failures=failures(description),
+            description=public_description(description)))
 
+    async def run(self) -> AsyncIterator[TriggerEvent]:
         waiter = load_waiter("pcluster", self.waiter_name)
         hook = self._hook()
         consecutive_errors = 0
         description: dict = {}
-        base = {"cluster_name": self.cluster_name, "waiter_name": self.waiter_name}
         for attempt in range(1, self.max_attempts + 1):
             try:
                 description = await hook.adescribe_cluster(self.cluster_name)
@@ -85,51 +97,34 @@ class ClusterStatusTrigger(BaseTrigger):
                 consecutive_errors = 0
             except PclusterError as error:
                 state = evaluate(waiter, error=error)
-                if state == RETRY:
-                    consecutive_errors += 1
-                    self.log.warning(
-                        "describe-cluster %s failed (%d in a row): %s", self.cluster_name, consecutive_errors, error
-                    )
-                    if consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
-                        yield TriggerEvent({**base, "status": "error", "message": str(error)})
-                        return
-                elif state == SUCCESS:
-                    # Deleted and gone: the describe error is the success signal.
-                    yield TriggerEvent({**base, "status": "success", "cluster_status": DELETE_COMPLETE,
-                                        "description": {}})
+                if state == SUCCESS:  # deleted and gone: the describe error is the success signal
+                    yield self._event("complete", f"cluster {self.cluster_name} is gone",
+                                      {"clusterStatus": DELETE_COMPLETE})
                     return
-                else:
-                    yield TriggerEvent({**base, "status": "failure", "cluster_status": "",
-                                        "message": str(error), "failures": [], "description": {}})
+                if state == FAILURE:
+                    yield self._event("cluster_gone", str(error))
+                    return
+                consecutive_errors += 1
+                self.log.warning("describe-cluster %s failed (%d in a row): %s", self.cluster_name,
+                                 consecutive_errors, error)
+                if consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+                    yield self._event("api_error", str(error))
                     return
             else:
                 status = description.get("clusterStatus", "")
                 self.log.info("Cluster %s: %s (attempt %d/%d)", self.cluster_name, status, attempt, self.max_attempts)
-                if state in (SUCCESS, FAILURE):
-                    yield TriggerEvent({
-                        **base,
-                        "status": state,
-                        "cluster_status": status,
-                        "failures": failures(description),
-                        "description": public_description(description),
-                        "message": f"cluster {self.cluster_name} reached {status}",
-                    })
+                if state != RETRY:
+                    reason = ("complete" if state == SUCCESS
+                              else "cluster_gone" if cluster_verdict(status) == GONE else "cluster_failed")
+                    yield self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
                     return
             await asyncio.sleep(api_delay(self.poll_interval, consecutive_errors))
-        yield TriggerEvent({
-            **base,
-            "status": "timeout",
-            "cluster_status": description.get("clusterStatus", ""),
-            "message": f"cluster {self.cluster_name} still {description.get('clusterStatus', 'unknown')} "
-                       f"after {self.max_attempts} checks",
-        })
+        yield self._event("timeout", f"cluster {self.cluster_name} still {description.get('clusterStatus', 'unknown')} "
+                                     f"after {self.max_attempts} checks", description)
 
     async def on_kill(self) -> None:
         if not await should_delete_on_kill(self, self.cluster_name):
             return
-        from ultracluster.parsers.pcluster import PclusterError
-        from ultracluster.tags import cluster_owner
-
         hook = self._hook()
         try:
             description = await hook.adescribe_cluster(self.cluster_name)

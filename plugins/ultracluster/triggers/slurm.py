@@ -3,6 +3,7 @@
 One asyncssh connection (providers-ssh SSHHookAsync, host key pinned) serves the whole wait: a
 long-lived command on the head node checks the job about once a second and streams the log
 (``SlurmHook.await_job_end``), so the job's end is seen within about a second, without polls.
+The log's lines are judged by ``parsers.progress.JobLog`` (throttling, results path, budget guard).
 An unreachable head node is retried with backoff for up to ``outage_timeout`` seconds; only a host
 key mismatch or a longer outage ends the trigger with an error event.
 """
@@ -18,13 +19,22 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
 from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmHook
-from ultracluster.parsers import progress as parse
-from ultracluster.triggers._backoff import backoff
-from ultracluster.triggers._kill_guard import task_is_still_deferred
+from ultracluster.parsers.progress import JobLog
+from ultracluster.run.events import event
+from ultracluster.triggers.backoff import backoff
+from ultracluster.triggers.kill_guard import task_is_still_deferred
+
+# Largest log read in one command: a very chatty job cannot keep the loop on one read.
+MAX_READ_BYTES = 262_144
 
 
 class SlurmJobTrigger(BaseTrigger):
     """Fires once when Slurm job ``job_id`` ends (or cannot be followed any more).
+
+    Events (``run.events``): ``complete`` or ``job_failed`` with the job's status (``state``,
+    ``exit_code``, ``signal``, ``job_reason``, ``source``); ``budget_exceeded`` (the job was
+    cancelled); ``job_renamed``, ``host_key_mismatch``, ``unreachable``, ``trigger_error``. Each
+    carries ``job_id``, ``log_offset``, ``last_progress`` and ``results_path``.
 
     :param head_node: ``{"cluster_name", "address", "host_key", ...}`` from wait_for_fleet.
     :param ssh_conn_id: SSH connection (user, key, port).
@@ -70,21 +80,14 @@ class SlurmJobTrigger(BaseTrigger):
         self.job_dir = job_dir
         self.job_name = job_name
         self.log_path = log_path
-        self.log_offset = int(log_offset)
         self.poll_interval = float(poll_interval)
         self.wait_window_s = int(wait_window_s)
         self.outage_timeout = float(outage_timeout)
         self.progress_log_interval_s = float(progress_log_interval_s)
         self.progress_log_every_steps = int(progress_log_every_steps) if progress_log_every_steps else None
-        self._throttle = parse.ProgressThrottle(
-            interval_s=self.progress_log_interval_s, every_steps=self.progress_log_every_steps
-        )
         self.budget = dict(budget) if budget else None
-        self._over_budget: str | None = None
-        self._progress_seen = 0
-        self._last_progress: dict[str, Any] | None = None
-        self._results_path: str | None = None
-        self._pending = b""  # streamed bytes after the last complete line
+        self.job_log = JobLog(self.log, path=log_path, offset=int(log_offset), interval_s=self.progress_log_interval_s,
+                              every_steps=self.progress_log_every_steps, budget=self.budget)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -96,7 +99,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "job_dir": self.job_dir,
                 "job_name": self.job_name,
                 "log_path": self.log_path,
-                "log_offset": self.log_offset,
+                "log_offset": self.job_log.offset,
                 "poll_interval": self.poll_interval,
                 "wait_window_s": self.wait_window_s,
                 "outage_timeout": self.outage_timeout,
@@ -106,75 +109,24 @@ class SlurmJobTrigger(BaseTrigger):
             },
         )
 
+    @property
+    def log_offset(self) -> int:
+        return self.job_log.offset
+
     def _slurm(self) -> SlurmHook:
         return SlurmHook(head_node_hook=HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node))
 
-    def _event(self, status: str, **fields: Any) -> TriggerEvent:
-        return TriggerEvent(
-            {
-                "status": status,
-                "job_id": self.job_id,
-                "log_offset": self.log_offset,
-                "last_progress": self._last_progress,
-                "results_path": self._results_path,
-                **fields,
-            }
-        )
+    def _event(self, reason: str, message: str = "", **fields: Any) -> TriggerEvent:
+        return TriggerEvent(event(reason, message, job_id=self.job_id, log_offset=self.job_log.offset,
+                                  last_progress=self.job_log.last_progress, results_path=self.job_log.results_path,
+                                  **fields))
 
-    def _consume_log(self, chunk_size: int, data: bytes, max_bytes: int) -> bool:
-        """Log the complete new lines; return True when more data is waiting."""
-        if chunk_size >= 0 and chunk_size < self.log_offset:
-            # The log was replaced (a job rerun into the same file): start again from its top.
-            self.log.warning("Slurm log %s shrank below offset %d; rereading it", self.log_path, self.log_offset)
-            self.log_offset = 0
-            return True
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) >= max_bytes:
-            end = len(data)  # one enormous line: move past it rather than stall on it forever
-        now = time.monotonic()
-        for raw in data[:end].splitlines():
-            line = raw.decode("utf-8", errors="replace").strip()
-            if not parse.has_marker(line):
-                continue
-            if (progress := parse.parse_progress_line(line)) is not None:
-                self._last_progress = progress.to_dict()
-                self._progress_seen += 1
-                # Not on the first line seen: its ETA comes from a step that includes warm-up
-                # (graph load, compile) and overstates the rest of the run many times over.
-                if self.budget and not self._over_budget and self._progress_seen > 1:
-                    from ultracluster.cost import budget_verdict
-
-                    self._over_budget = budget_verdict(self.budget, progress.eta_s)
-                for shown in self._throttle.offer(line, progress, now):
-                    self.log.info("%s", shown)
-                continue
-            # The newest held-back progress line goes first: it is the context of an error or result.
-            for shown in [*self._throttle.flush(now, final=True), line]:
-                self.log.info("%s", shown)
-            if (results := parse.find_results_path(line)) is not None:
-                self._results_path = results
-        self.log_offset += end
-        # Only a read cut at max_bytes means more is waiting; a trailing partial line waits for the next poll.
-        return end > 0 and len(data) >= max_bytes
-
-    async def _stream_log(self, slurm: SlurmHook, conn: Any, *, final: bool, max_bytes: int = 262_144) -> None:
-        # Bounded: a very chatty job cannot keep the loop here forever.
-        for _ in range(16):
-            chunk = await slurm.aread_log_chunk(self.log_path, self.log_offset, max_bytes, conn=conn)
-            if not self._consume_log(chunk.size, chunk.data, max_bytes):
+    async def _stream_log(self, slurm: SlurmHook, conn: Any, *, final: bool) -> None:
+        for _ in range(16):  # bounded, like one read
+            chunk = await slurm.aread_log_chunk(self.log_path, self.job_log.offset, MAX_READ_BYTES, conn=conn)
+            if not self.job_log.consume(chunk.size, chunk.data, MAX_READ_BYTES):
                 break
-        for shown in self._throttle.flush(time.monotonic(), final=final):
-            self.log.info("%s", shown)
-
-    def _on_stream(self, chunk: bytes) -> bool:
-        """Log the streamed lines as they come; False (stop waiting) once the budget is exceeded."""
-        self._pending += chunk
-        before = self.log_offset
-        self._consume_log(-1, self._pending, max_bytes=len(self._pending) + 1)
-        self._pending = self._pending[self.log_offset - before:]
-        for shown in self._throttle.flush(time.monotonic(), final=False):
-            self.log.info("%s", shown)
-        return not self._over_budget
+        self.job_log.flush(final=final)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         slurm = self._slurm()
@@ -187,48 +139,44 @@ class SlurmJobTrigger(BaseTrigger):
                     while True:
                         status = await slurm.ajob_status(self.job_id, self.job_dir, job_name=self.job_name, conn=conn)
                         if self.job_name and status.name and status.name != self.job_name:
-                            yield self._event("error", message=f"Slurm job {self.job_id} is now {status.name!r}, "
-                                                               f"not this task's {self.job_name!r}")
+                            yield self._event("job_renamed", f"Slurm job {self.job_id} is now {status.name!r}, "
+                                                             f"not this task's {self.job_name!r}")
                             return
                         # Read the log after the state: a finished job's last lines are then in.
                         await self._stream_log(slurm, conn, final=status.terminal)
                         last_contact, failures = time.monotonic(), 0
-                        if self._over_budget and not status.terminal:
-                            self.log.error("%s: cancelling job %s", self._over_budget, self.job_id)
+                        if self.job_log.over_budget and not status.terminal:
+                            self.log.error("%s: cancelling job %s", self.job_log.over_budget, self.job_id)
                             await slurm.ascancel(self.job_id, conn=conn)
-                            yield self._event("budget", message=f"{self._over_budget}; job {self.job_id} cancelled")
+                            yield self._event("budget_exceeded",
+                                              f"{self.job_log.over_budget}; job {self.job_id} cancelled")
                             return
                         if status.terminal:
-                            yield self._event("success" if status.succeeded else "failed", **status.to_dict())
+                            reason = "complete" if status.succeeded else "job_failed"
+                            yield self._event(reason, f"Slurm job {self.job_id} ended {status.state}",
+                                              **status.to_dict())
                             return
-                        self._pending = b""
-                        await slurm.await_job_end(self.job_id, self.log_path, self.log_offset, self._on_stream,
+                        self.job_log.restart_stream()
+                        await slurm.await_job_end(self.job_id, self.log_path, self.job_log.offset, self.job_log.stream,
                                                   conn=conn, interval_s=self.poll_interval,
                                                   window_s=self.wait_window_s)
             except HostKeyMismatchError as err:
-                yield self._event("host_key_mismatch", message=str(err))
+                yield self._event("host_key_mismatch", str(err))
                 return
             except HeadNodeUnreachableError as err:
                 failures += 1
                 down_for = time.monotonic() - last_contact
                 if down_for > self.outage_timeout:
-                    yield self._event(
-                        "error",
-                        message=f"Head node unreachable for {int(down_for)} s (limit {int(self.outage_timeout)} s): {err}",
-                    )
+                    yield self._event("unreachable", f"Head node unreachable for {int(down_for)} s "
+                                                     f"(limit {int(self.outage_timeout)} s): {err}")
                     return
                 delay = backoff(failures)
-                self.log.warning(
-                    "Head node unreachable (attempt %d, %d s so far); retrying in %.1f s: %s",
-                    failures,
-                    int(down_for),
-                    delay,
-                    err,
-                )
+                self.log.warning("Head node unreachable (attempt %d, %d s so far); retrying in %.1f s: %s",
+                                 failures, int(down_for), delay, err)
                 await asyncio.sleep(delay)
             except Exception as err:  # a bug or an unexpected Slurm reply: end with the reason
                 self.log.exception("Slurm job trigger failed")
-                yield self._event("error", message=f"{type(err).__name__}: {err}")
+                yield self._event("trigger_error", f"{type(err).__name__}: {err}")
                 return
 
     async def on_kill(self) -> None:
@@ -236,7 +184,7 @@ class SlurmJobTrigger(BaseTrigger):
 
         Connect before the state read: resolving the SSH connection asks the triggerer's supervisor to
         mask its secrets, and the state read can stall that supervisor (Airflow 3.3.2 builds its
-        in-process API on the first such read: ~32 s seen), leaving scancel past on_kill's 30 s.
+        in-process API on the first such read), which would push scancel past on_kill's 30 s.
         """
         slurm = self._slurm()
         async with asyncio.timeout(25), slurm.head_node_hook.aconnection() as conn:

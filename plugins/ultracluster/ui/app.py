@@ -18,16 +18,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
-
-from ultracluster.sweep import SWEEP_ID_PATTERN
+from ultracluster.run.profiles import load_profile
+from ultracluster.run.sweep import SWEEP_ID_PATTERN
 from ultracluster.ui import pages
 from ultracluster.ui.jobs import RUN_ID_PATTERN, TASK_ID_PATTERN, job_facts
 from ultracluster.ui.reports import DAG_ID_PATTERN, ReportsUnavailable, list_reports, read_plot, read_report
@@ -45,14 +46,11 @@ def _artifacts(request: Request) -> str:
     configured = request.app.state.artifacts_s3_uri
     if configured:
         return configured
-    from ultracluster.profiles import load_profile
 
     return load_profile()["artifacts_s3_uri"]
 
 
 def _s3(request: Request) -> Any:
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-
     return S3Hook(aws_conn_id=request.app.state.aws_conn_id)
 
 

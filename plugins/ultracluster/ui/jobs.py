@@ -36,10 +36,9 @@ def _value(row: Any) -> Any:
 
 def job_facts(session: Any, dag_id: str, run_id: str, task_id: str) -> dict[str, Any] | None:
     """What the job page shows; None when the task instance does not exist."""
-    from sqlalchemy import select
-
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
+    from sqlalchemy import select
 
     ti = session.scalar(select(TaskInstance).where(
         TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == task_id,

@@ -10,7 +10,9 @@ import json
 import re
 from typing import Any
 
-from ultracluster.sweep import SWEEP_ID_PATTERN, sweep_location
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ultracluster.run.sweep import SWEEP_ID_PATTERN, sweep_location
 
 # A DAG id as the report DAG's source_dag_id param allows it, without a leading dot.
 DAG_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}$"
@@ -46,8 +48,6 @@ def list_reports(s3: Any, artifacts_s3_uri: str) -> list[dict[str, Any]]:
     """Every reported sweep, newest report first: ``{"dag_id", "sweep_id", "modified", "summary"}``;
     ``summary`` (from report.json) for the newest ``SUMMARISED``, else None. Keys that do not
     parse as ``<dag id>/<sweep id>/report.json`` are ignored. ``s3``: an S3Hook or a boto3 client."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     client = _client(s3)
     bucket, prefix = reports_prefix(artifacts_s3_uri)
     found = []
@@ -86,8 +86,6 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _object(s3: Any, artifacts_s3_uri: str, dag_id: str, sweep_id: str, name: str) -> bytes | None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
     if not valid_ids(dag_id, sweep_id):
         raise ValueError(f"invalid DAG id or sweep id: {dag_id!r}, {sweep_id!r}")
     bucket, prefix = sweep_location(artifacts_s3_uri, "reports", dag_id, sweep_id)

@@ -9,9 +9,13 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from ultracluster.cost import NO_PRICES, PriceError, instance_usage, load_prices
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.cluster_instances import ClusterInstancesHook
 from ultracluster.parsers.ec2 import instance_life
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.run.cost import NO_PRICES, PriceError, instance_usage, load_prices
+from ultracluster.run.s3 import split_s3_uri
 
 USAGE_FILE = "usage.json"
 RESULTS_FILE = "results.json"
@@ -27,10 +31,6 @@ def _fsx_gib(value: Any) -> float | None:
 def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
     """Bill the cluster of ``op`` (a DeleteClusterOperator) from its instances; write it beside the
     run's results. Returns the usage (``cost.instance_usage`` plus ``cluster_name``, ``measured_at``)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from ultracluster.hooks.cluster_instances import ClusterInstancesHook
-
     try:
         instances = ClusterInstancesHook(aws_conn_id=op.aws_conn_id, region_name=op.region_name or None
                                          ).describe_instances(op.cluster_name)
@@ -66,10 +66,6 @@ def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
 
 def _write_beside_results(op: Any, usage: dict[str, Any]) -> None:
     """usage.json in the run's results folder, and results.json's ``usage`` key."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from ultracluster.hooks.artifacts import ArtifactsS3Hook
-
     bucket, prefix = split_s3_uri(op.results_uri)
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     s3 = ArtifactsS3Hook(aws_conn_id=op.aws_conn_id, sse=op.s3_encryption)

@@ -27,19 +27,19 @@ class RemoteCommand:
         return self.description
 
 
-def _from_argv(*argv: str, description: str | None = None) -> RemoteCommand:
+def from_argv(*argv: str, description: str | None = None) -> RemoteCommand:
     shell = shlex.join(str(word) for word in argv)
     return RemoteCommand(shell=shell, description=description or shell)
 
 
-def _check_job_id(job_id: str | int) -> str:
+def check_job_id(job_id: str | int) -> str:
     text = str(job_id)
     if not _JOB_ID.match(text):
         raise ValueError(f"Not a Slurm job id: {text!r}")
     return text
 
 
-def _env_words(env: Mapping[str, str]) -> list[str]:
+def env_words(env: Mapping[str, str]) -> list[str]:
     """``env NAME=value ...`` (checked names and values) to put before a command; none for no env."""
     assignments: list[str] = []
     for name, value in env.items():

@@ -1,153 +1,53 @@
 """render_config: the ParallelCluster v3 YAML from include/cluster/cluster-config.yaml.j2.
 
-Also the pipeline's cross-field checks (JSON Schema cannot compare fields) and the names derived
-from a run (cluster, stack, job directory). jinja2, yaml, jsonschema and boto3 are imported inside
-methods: the DAG file imports this module at parse time.
+Rendered, checked against include/cluster/cluster-config.schema.json and the cross-field rules,
+then put through ``pcluster create-cluster --dryrun true`` before it is uploaded: ParallelCluster's
+own validators (schema, subnets, instance types, key pair, AMI, the S3 objects the config names, FSx,
+EFA, placement group) with nothing created. The dry run needs the run's subnets, so it runs here,
+after create_vpc, not in preflight. A refused config fails the task at once (the same config fails
+again on every retry), each validator message logged; throttling or a failed AWS call retries.
 """
 from __future__ import annotations
 
-import hashlib
-import re
+import json
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jsonschema
+import yaml
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ClusterConfigLink
-from ultracluster.s3_encryption import check_sse
-from ultracluster.s3_uri import split_s3_uri
-from ultracluster.tags import DEFAULT_RESOURCE_TTL_HOURS, NODES_TAG, run_tags, s3_tagging
+from ultracluster.parsers.pcluster import (
+    ClusterAlreadyExistsError,
+    ClusterValidationError,
+    PclusterError,
+    config_refused,
+)
+from ultracluster.run.form import (
+    COMPUTE_ROOT_VOLUME_GIB,
+    DEFAULT_RESOURCE_TTL_HOURS,
+    EFA_INSTANCE_TYPES,
+    LOCAL_STORAGE_MOUNT_DIR,
+    TRAINING_QUEUE,
+)
+from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
+from ultracluster.run.neuron_versions import render_on_node_configured
+from ultracluster.run.plan import ConfigValidationError
+from ultracluster.run.profiles import include_dir
+from ultracluster.run.s3 import check_sse, split_s3_uri
+from ultracluster.run.tags import NODES_TAG, run_tags, s3_tagging
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-TRAINING_QUEUE = "compute1"
-MAX_QUEUES = 50  # ParallelCluster's limit on SlurmQueues
-# trn1.2xlarge has no EFA interface; the 32xlarge types have 8 (trn1) or 16 (trn1n).
-EFA_INSTANCE_TYPES = frozenset({"trn1.32xlarge", "trn1n.32xlarge"})
-# pcluster: starts with a letter, letters/digits/hyphens; 40 keeps room for Slurm accounting's limit.
-CLUSTER_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,39}$")
-QUEUE_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,24}$")
-# Compute nodes' storage, as in the seed: a 1024 GiB root volume, the instance store (4 x 1.9 TB NVMe
-# on trn1.32xlarge) mounted here for the jobs' scratch (the local_scratch_dir param points there).
-COMPUTE_ROOT_VOLUME_GIB = 1024
-LOCAL_STORAGE_MOUNT_DIR = "/local_storage"
-# CloudWatch Logs retention ParallelCluster accepts (Monitoring.Logs.CloudWatch.RetentionInDays).
-LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
-AMI_ID_PATTERN = r"^ami-[0-9a-f]{8,17}$"
-
-
-class ConfigValidationError(ValueError):
-    """The pipeline's params or the rendered cluster configuration are invalid."""
-
-
-# --- names derived from a run ------------------------------------------------------------------
-
-def safe_run_id(run_id: str) -> str:
-    """A run id usable in paths and resource names: [a-z0-9-], plus a hash so distinct ids stay distinct."""
-    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-") or "run"
-    return f"{slug[:48].rstrip('-')}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
-
-
-def run_artifacts_location(artifacts_s3_uri: str, dag_id: str, run_id: str, *kind: str) -> tuple[str, str]:
-    """Bucket and prefix of one run's artifacts: ``<prefix>[/<kind>]/<dag_id>/<safe run id>``."""
-    bucket, prefix = split_s3_uri(artifacts_s3_uri)
-    return bucket, "/".join(p for p in (prefix.strip("/"), *kind, dag_id, safe_run_id(run_id)) if p)
-
-
-def cluster_name_for(run_id: str, requested: str | None = None) -> str:
-    """The requested cluster name, else one derived from the run id (valid for pcluster, <= 40 chars)."""
-    if requested:
-        if not CLUSTER_NAME_PATTERN.match(requested):
-            raise ConfigValidationError(
-                f"cluster_name {requested!r}: must start with a letter, hold only letters, digits and "
-                "hyphens, at most 40 characters"
-            )
-        return requested
-    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:27].rstrip("-") or "run"
-    return f"uc-{slug}-{hashlib.sha1(run_id.encode()).hexdigest()[:8]}"
-
-
-def vpc_stack_name_for(run_id: str) -> str:
-    return f"uc-vpc-{safe_run_id(run_id)}"
-
-
-def compute_resource_name(instance_type: str) -> str:
-    """trn1.32xlarge -> trn1-32xl (ComputeResources Name: short, no dots)."""
-    return instance_type.replace("xlarge", "xl").replace(".", "-")
-
-
-# --- cross-field checks --------------------------------------------------------------------------
-
-def node_count(value: Any) -> int:
-    """A rendered node count (templates render strings) as an int >= 1, or a clear error."""
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"num_nodes must be an integer, got {value!r}") from None
-    if count < 1:
-        raise ValueError(f"num_nodes must be >= 1, got {count}")
-    return count
-
-
-def validate_pipeline_params(params: dict[str, Any]) -> None:
-    """Rules the params' JSON Schema cannot express; raises one error listing every problem."""
-    problems: list[str] = []
-
-    def value(key: str, default: Any = None) -> Any:
-        return params.get(key, default)
-
-    num_nodes, min_nodes, max_nodes = value("num_nodes"), value("min_nodes", 0), value("max_nodes")
-    if isinstance(num_nodes, int) and isinstance(max_nodes, int) and num_nodes > max_nodes:
-        problems.append(f"num_nodes ({num_nodes}) exceeds max_nodes ({max_nodes}), the queue's MaxCount")
-    if isinstance(min_nodes, int) and isinstance(max_nodes, int) and min_nodes > max_nodes:
-        problems.append(f"min_nodes ({min_nodes}) exceeds max_nodes ({max_nodes})")
-    max_steps, steps_this_run = value("max_steps"), value("steps_this_run")
-    if isinstance(max_steps, int) and isinstance(steps_this_run, int) and steps_this_run > max_steps:
-        problems.append(f"steps_this_run ({steps_this_run}) exceeds max_steps ({max_steps})")
-    grad_accum = value("grad_accum_usteps")
-    if value("scaling_mode") == "strong" and isinstance(grad_accum, int) and isinstance(num_nodes, int) and num_nodes:
-        # The run script divides accumulation by the node count (integer division): keep it exact.
-        if grad_accum % num_nodes:
-            problems.append(
-                f"strong scaling divides grad_accum_usteps ({grad_accum}) by num_nodes ({num_nodes}); "
-                "it must divide evenly or the global batch silently changes"
-            )
-    public, private = value("existing_public_subnet_id"), value("existing_private_subnet_id")
-    if bool(public) != bool(private):
-        problems.append("existing_public_subnet_id and existing_private_subnet_id go together")
-    if (value("existing_vpc_id") or value("existing_security_group_id")) and not (public and private):
-        problems.append("reusing an existing VPC needs existing_public_subnet_id and existing_private_subnet_id")
-    requested = value("cluster_name")
-    if requested and not CLUSTER_NAME_PATTERN.match(requested):
-        problems.append(f"cluster_name {requested!r} is not a valid ParallelCluster name")
-    extra_queues = value("extra_queues") or []
-    names = [TRAINING_QUEUE] + [q.get("name") for q in extra_queues if isinstance(q, dict)]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        problems.append(f"queue names must be unique (compute1 is the training queue): {duplicates}")
-    if len(names) > MAX_QUEUES:
-        problems.append(f"at most {MAX_QUEUES} queues, got {len(names)}")
-    for queue in extra_queues:
-        if isinstance(queue, dict) and queue.get("min_nodes", 0) > queue.get("max_nodes", 0):
-            problems.append(f"queue {queue.get('name')}: min_nodes exceeds max_nodes")
-    for key in ("dataset_s3_uri", "artifacts_s3_uri", "compile_cache_s3_uri"):
-        uri = value(key)
-        if uri:
-            try:
-                split_s3_uri(uri)
-            except ValueError as err:
-                problems.append(f"{key}: {err}")
-    if problems:
-        raise ConfigValidationError("Invalid run configuration:\n- " + "\n- ".join(problems))
-
-
-# --- rendering -------------------------------------------------------------------------------------
 
 def _include(*parts: str) -> str:
-    from ultracluster.profiles import include_dir
-
     return str(include_dir().joinpath(*parts))
 
 
@@ -167,7 +67,7 @@ def build_queues(
 
 
 def render_cluster_config(template_path: str, context: dict[str, Any]) -> str:
-    import jinja2
+    import jinja2  # heavy: never at parse time (docs/architecture.md, "Imports")
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(template_path).parent)),
@@ -180,11 +80,6 @@ def render_cluster_config(template_path: str, context: dict[str, Any]) -> str:
 
 def validate_cluster_config(yaml_text: str, schema_path: str) -> dict:
     """Parse the YAML and check it against cluster-config.schema.json plus cross-field rules."""
-    import json
-
-    import jsonschema
-    import yaml
-
     try:
         document = yaml.safe_load(yaml_text)
     except yaml.YAMLError as err:
@@ -202,6 +97,43 @@ def validate_cluster_config(yaml_text: str, schema_path: str) -> dict:
     if problems:
         raise ConfigValidationError("Cluster config failed validation:\n- " + "\n- ".join(problems))
     return document
+
+
+def dryrun_cluster_config(
+    hook: ParallelClusterHook,
+    cluster_name: str,
+    config_text: str,
+    *,
+    suppress_validators: list[str] | None,
+    log: Any,
+) -> list[dict]:
+    """Dry-run ``config_text``; returns pcluster's validationMessages (warnings, infos) when it passes."""
+    with tempfile.TemporaryDirectory(prefix="uc-dryrun-") as directory:
+        path = Path(directory) / "cluster-config.yaml"
+        path.write_text(config_text)
+        try:
+            result = hook.create_cluster(cluster_name, str(path), suppress_validators=suppress_validators, dryrun=True)
+        except ClusterAlreadyExistsError:
+            # A cleared or re-run render_config after pcluster_create: pcluster refuses any create of an
+            # existing name, dry or not. Its config was checked when it was created; pcluster_create
+            # reattaches only to a cluster of this run.
+            log.warning("Cluster %s exists already: the dry run is skipped (pcluster_create checks its owner)",
+                        cluster_name)
+            return []
+        except PclusterError as err:
+            if not config_refused(err):
+                raise
+            errors = err.configuration_validation_errors if isinstance(err, ClusterValidationError) else []
+            for entry in errors:
+                log.error("pcluster dry run: %s %s: %s", entry.get("level"), entry.get("type"), entry.get("message"))
+            raise AirflowFailException(
+                f"pcluster create-cluster --dryrun true refused the cluster config of {cluster_name}: {err}"
+            ) from err
+    messages = list(result.get("validationMessages") or [])
+    for entry in messages:
+        log.info("pcluster dry run: %s %s: %s", entry.get("level"), entry.get("type"), entry.get("message"))
+    log.info("pcluster dry run passed: %s", result.get("message", ""))
+    return messages
 
 
 class RenderClusterConfigOperator(BaseOperator):
@@ -314,9 +246,6 @@ class RenderClusterConfigOperator(BaseOperator):
         }
 
     def _dryrun(self, cluster_name: str, rendered: str) -> list[dict]:
-        from ultracluster.hooks.parallelcluster import ParallelClusterHook
-        from ultracluster.operators._config_dryrun import dryrun_cluster_config
-
         hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
         return dryrun_cluster_config(hook, cluster_name, rendered, suppress_validators=self.suppress_validators,
                                      log=self.log)
@@ -331,12 +260,7 @@ class RenderClusterConfigOperator(BaseOperator):
         )
         validate_cluster_config(rendered, self.schema_path or _include("cluster", "cluster-config.schema.json"))
         self.log.info("Cluster config for %s:\n%s", template_context["cluster_name"], rendered)
-
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-
         s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
-        from ultracluster.neuron_versions import render_on_node_configured
-
         # The script is the run's S3 scratch (needed only while the cluster boots nodes): tagged
         # so that the reaper can delete it once the run has ended.
         scratch = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption,

@@ -14,7 +14,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from botocore.exceptions import WaiterError
+
+from ultracluster.parsers.pcluster import (
+    ClusterNotFoundError,
+    describe_stack_event,
+    failed_stack_events,
+    failures,
+)
 from ultracluster.reaper.classify import CLUSTER, SCRATCH, STACK, RunState, Verdict, judge
+from ultracluster.run.s3 import split_s3_uri
+from ultracluster.run.tags import tags_dict
+from ultracluster.waiters import FAILURE, SUCCESS, evaluate, load_waiter
 
 SCRATCH_NAME = "on_node_configured.sh"  # the only per-run object that is scratch (docs/operations.md)
 _CLUSTER_STACK_TAG = "parallelcluster:cluster-name"  # ParallelCluster's own stacks: reaped as clusters
@@ -42,7 +53,6 @@ class Reaper:
     :param run_state: (dag_id, run_id) -> state or None (classify.RunState).
     :param sleep: waits between polls and attempts (time.sleep; tests pass their own).
     """
-
     def __init__(self, *, pcluster: Any, stacks: Any, run_state: RunState, s3: Any = None,
                  artifacts_s3_uri: str | None = None, max_delete_attempts: int = 3, retry_delay_s: float = 60,
                  poll_s: float = 15, delete_timeout_s: float = 3600, now: Callable[[], datetime] | None = None,
@@ -58,8 +68,6 @@ class Reaper:
 
     # --- finding --------------------------------------------------------------------------------
     def find_clusters(self) -> list[Verdict]:
-        from ultracluster.parsers.pcluster import ClusterNotFoundError, tags_dict
-
         verdicts = []
         for entry in self.pcluster.list_clusters():
             name = entry["clusterName"]
@@ -82,7 +90,6 @@ class Reaper:
     def find_scratch(self) -> list[Verdict]:
         if not (self.s3 and self.artifacts_s3_uri):
             return []
-        from ultracluster.s3_uri import split_s3_uri
 
         bucket, prefix = split_s3_uri(self.artifacts_s3_uri)
         prefix = prefix.strip("/")
@@ -144,8 +151,6 @@ class Reaper:
         return reasons
 
     def _delete_stack(self, name: str) -> list[str]:
-        from botocore.exceptions import WaiterError
-
         def attempt() -> list[str]:
             status = self.stacks.get_stack_status(name)
             if status in (None, "DELETE_COMPLETE"):
@@ -162,11 +167,6 @@ class Reaper:
         return self._attempts(STACK, name, attempt)
 
     def _delete_cluster(self, name: str) -> list[str]:
-        from ultracluster.parsers.pcluster import (
-            ClusterNotFoundError, describe_stack_event, failed_stack_events, failures,
-        )
-        from ultracluster.waiters import FAILURE, SUCCESS, evaluate, load_waiter
-
         waiter = load_waiter("pcluster", "ClusterDeleteComplete")
 
         def poll() -> tuple[str, dict | None]:
@@ -196,8 +196,6 @@ class Reaper:
         return self._attempts(CLUSTER, name, attempt)
 
     def _delete_scratch(self, uri: str) -> list[str]:
-        from ultracluster.s3_uri import split_s3_uri
-
         bucket, key = split_s3_uri(uri)
         self.s3.delete_objects(bucket=bucket, keys=[key])
         return [f"{uri} still exists after its delete"] if self.s3.check_for_key(key, bucket_name=bucket) else []

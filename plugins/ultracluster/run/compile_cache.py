@@ -3,7 +3,6 @@
 The key names what determines the compiled graphs: model size, micro-batch, sequence length,
 processes per node and the compiler (the pinned neuronx-cc of include/neuron-versions.env, and the
 training python that runs it). Runs that share those reuse one archive; anything else starts cold.
-Stdlib only: the DAG file imports the operator that imports this module.
 """
 from __future__ import annotations
 
@@ -11,7 +10,8 @@ import hashlib
 import json
 import re
 
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.run.neuron_versions import load_versions, pip_specs
+from ultracluster.run.s3 import join_key, split_s3_uri
 
 SEQUENCE_LENGTH = 128  # the run script's (run_dp_bert_large_hf_pretrain_bf16_s128.sh)
 _SLUG = re.compile(r"[^a-z0-9.]+")
@@ -41,12 +41,10 @@ def cache_key(facts: dict[str, str]) -> str:
 def cache_object(compile_cache_s3_uri: str, key: str) -> tuple[str, str]:
     """Bucket and object key of the archive: ``<prefix>/<key>.tar``."""
     bucket, prefix = split_s3_uri(compile_cache_s3_uri)
-    return bucket, "/".join(p for p in (prefix.strip("/"), f"{key}.tar") if p)
+    return bucket, join_key(prefix, f"{key}.tar")
 
 
 def compiler_version() -> str:
     """The pinned compiler, from the one versions file."""
-    from ultracluster.neuron_versions import load_versions, pip_specs
-
     specs = [spec for spec in pip_specs(load_versions()) if spec.startswith("neuronx-cc==")]
     return specs[0] if specs else "neuronx-cc (unpinned)"

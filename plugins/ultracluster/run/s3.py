@@ -1,14 +1,34 @@
-"""Server-side encryption of every object the pipeline writes to S3 (docs/operations.md, "Encryption").
+"""S3 in a run: ``s3://bucket/key`` URIs, and the server-side encryption of every object the
+pipeline writes (docs/operations.md, "Encryption").
 
-The deployment's profile chooses it: ``s3_encryption`` is ``AES256`` (SSE-S3, the default) or
-``aws:kms`` (SSE-KMS) with ``s3_kms_key_id`` (a key id, key ARN or alias; empty: the account's
-``aws/s3`` key). Operators take the result of ``sse_args``: the S3 request parameters every write
-carries. Stdlib only: the DAG files call this at parse time.
+The deployment's profile chooses the encryption: ``s3_encryption`` is ``AES256`` (SSE-S3, the
+default) or ``aws:kms`` (SSE-KMS) with ``s3_kms_key_id`` (a key id, key ARN or alias; empty: the
+account's ``aws/s3`` key). Operators take the result of ``sse_args``: the S3 request parameters
+every write carries.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+
+_BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"  # S3's bucket naming rules (length 3-63)
+S3_URI_PATTERN = rf"^s3://{_BUCKET}(/.*)?$"
+_S3_URI = re.compile(rf"^s3://({_BUCKET})(?:/(.*))?$")
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``; ``s3://bucket`` -> ``("bucket", "")``."""
+    match = _S3_URI.match(uri or "")
+    if not match:
+        raise ValueError(f"Not an s3:// URI (s3://bucket[/key]): {uri!r}")
+    return match.group(1), match.group(2) or ""
+
+
+def join_key(*parts: str) -> str:
+    """Key parts joined with "/", empty parts and edge slashes dropped."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
 
 SSE_S3 = "AES256"
 SSE_KMS = "aws:kms"

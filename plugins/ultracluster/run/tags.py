@@ -1,14 +1,13 @@
 """Ownership tags (docs/contracts.md): what marks a stack or cluster as created by one run.
 
-A stack's owner is read by NetworkStackHook.stack_owner.
-
-Stdlib only: imported at DAG parse time through the operators.
+A stack's owner is read by NetworkStackHook.stack_owner, a cluster's from describe-cluster here.
 """
 from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import urlencode
 
 DAG_ID_TAG = "ultracluster:dag-id"
 RUN_ID_TAG = "ultracluster:run-id"
@@ -18,8 +17,6 @@ CREATED_BY_TAG, CREATED_BY = "ultracluster:created-by", "ultracluster"
 # found is an orphan; a live run's resources are never reaped, expired or not.
 EXPIRES_AT_TAG = "ultracluster:expires-at"
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-# The resource_ttl_hours param's default (plugins/ultracluster/params.py says why).
-DEFAULT_RESOURCE_TTL_HOURS = 168
 # The cluster's node count at most (its queues' MaxCount): the deployment's node cap adds these up.
 NODES_TAG = "ultracluster:nodes"
 
@@ -50,8 +47,6 @@ def parse_expiry(value: str | None) -> datetime | None:
 
 def s3_tagging(tags: dict[str, str]) -> str:
     """Tags as an S3 upload's ``Tagging`` (URL-encoded; S3 allows 10 an object)."""
-    from urllib.parse import urlencode
-
     return urlencode(tags)
 
 
@@ -61,17 +56,18 @@ def run_tags(context: Any, ttl_hours: float) -> dict[str, str]:
                           started_at=getattr(context.get("dag_run"), "start_date", None), ttl_hours=ttl_hours)
 
 
+def tags_dict(description: dict) -> dict[str, str]:
+    """describe-cluster tags ``[{key, value}]`` as a dict."""
+    return {t["key"]: t.get("value", "") for t in description.get("tags") or [] if "key" in t}
+
+
 def cluster_owner(description: dict) -> str | None:
     """Run id tagged on a cluster, from describe-cluster output."""
-    from ultracluster.parsers.pcluster import tags_dict
-
     return tags_dict(description).get(RUN_ID_TAG)
 
 
 def cluster_nodes(description: dict) -> int | None:
     """The node count tagged on a cluster (NODES_TAG); None for a cluster without it."""
-    from ultracluster.parsers.pcluster import tags_dict
-
     value = tags_dict(description).get(NODES_TAG)
     return int(value) if value not in (None, "") and str(value).isdigit() else None
 

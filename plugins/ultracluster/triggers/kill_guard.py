@@ -4,9 +4,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-# Bound on the state read: the triggerer gives on_kill 30 s in all, and the read has been seen to hang
-# past that on Airflow 3.3.2 (no answer through the triggerer's comms), so the job was never cancelled.
+# Bound on the state read: the triggerer gives on_kill 30 s in all, and on Airflow 3.3.2 the read can
+# hang past that (no answer through the triggerer's comms), which would leave the job running.
 STATE_READ_TIMEOUT_S = 5.0
 
 
@@ -24,8 +25,6 @@ async def task_is_still_deferred(task_instance: Any, timeout: float = STATE_READ
     if map_index is None:
         map_index = -1
     try:
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
         # Sync SDK call through the triggerer's comms: run it off the event loop thread.
         states = await asyncio.wait_for(asyncio.to_thread(
             RuntimeTaskInstance.get_task_states,

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
+from ultracluster import remote_commands
+from ultracluster.hooks.head_node import HeadNodeHook
+
 if TYPE_CHECKING:
     from ultracluster.hooks.head_node import HeadNodeHook
     from ultracluster.remote_commands import RemoteCommand
@@ -30,8 +33,6 @@ class RemoteTransferMixin:
     transfer_timeout: float
 
     def run_transfer(self, head_node: HeadNodeHook, command: RemoteCommand, pid_file: str, *, timeout: float) -> None:
-        from ultracluster import remote_commands
-
         self._pid_file = pid_file
         try:
             head_node.check(remote_commands.cancellable(command, pid_file), timeout=timeout)
@@ -45,7 +46,6 @@ class RemoteTransferMixin:
     def on_kill(self) -> None:
         """Stop the remote curl: closing the SSH channel alone would leave it running."""
         if self._pid_file:
-            from ultracluster.hooks.head_node import HeadNodeHook
 
             # A fresh connection: the task's own one is busy in the blocked execute().
             self._stop_transfer(HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node), self._pid_file)
@@ -62,8 +62,6 @@ class RemoteTransferMixin:
         """PUT each (head-node path, key under prefix) straight from the head node, then check every
         key exists. The presigned URLs go to curl on stdin only. ``s3``: an ArtifactsS3Hook, whose URLs
         have the server-side encryption headers signed in; curl sends them."""
-        from ultracluster import remote_commands
-
         headers = getattr(s3, "upload_headers", None)
         if headers is None:
             raise TypeError(f"upload_to_s3 needs an ArtifactsS3Hook (encrypted uploads), got {type(s3).__name__}")

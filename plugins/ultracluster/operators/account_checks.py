@@ -11,18 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ultracluster.s3_uri import split_s3_uri
+from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-TRANSIENT_CODES = ("Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
-                   "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout", "SlowDown")
-
-
-def _code(err: Any) -> str:
-    return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
-
-
-def _deterministic(err: Any) -> bool:
-    return _code(err) not in TRANSIENT_CODES
+from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE, AccountHook
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.operators.checkpoint import ResumeFromError, resolve_checkpoint
+from ultracluster.run.errors import aws_error_code, is_transient
+from ultracluster.run.s3 import split_s3_uri
 
 
 def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: str, prices: dict[str, Any],
@@ -30,12 +26,6 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     """Every problem AWS reports with the plan's S3 locations, key pair, instance types and quota.
     ``probe_name``: a file name unique to the run, written (with ``sse``, the deployment's encryption,
     so a KMS key the role cannot use shows here) and deleted to prove write access."""
-    from ultracluster.hooks.account import AccountHook
-    from ultracluster.hooks.artifacts import ArtifactsS3Hook
-    from ultracluster.operators.checkpoint import resume_problems
-
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
-
     s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
     try:
@@ -43,7 +33,7 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
         problems += _writable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
         if plan.get("compile_cache_s3_uri"):
             problems += _writable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
-        problems += resume_problems(s3, plan.get("resume_from"))  # operators/checkpoint.py
+        problems += _resumable(s3, plan.get("resume_from"))
         problems += _key_pair(ec2, plan.get("key_name"))
         problems += _offerings(ec2, plan)
         problems += _trn_quota(ec2, plan, prices, log)
@@ -53,8 +43,6 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
 
 
 def _readable(s3: Any, param: str, uri: str | None) -> list[str]:
-    from botocore.exceptions import ClientError
-
     try:
         bucket, key = split_s3_uri(uri or "")
     except ValueError as err:
@@ -65,15 +53,13 @@ def _readable(s3: Any, param: str, uri: str | None) -> list[str]:
         if s3.head_object(key, bucket) is None:
             return [f"{param}: no object s3://{bucket}/{key}"]
     except ClientError as err:
-        if not _deterministic(err):
+        if is_transient(err):
             raise
-        return [f"{param}: s3://{bucket}/{key} is not readable: {_code(err) or err}"]
+        return [f"{param}: s3://{bucket}/{key} is not readable: {aws_error_code(err) or err}"]
     return []
 
 
 def _writable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str]:
-    from botocore.exceptions import ClientError
-
     try:
         bucket, prefix = split_s3_uri(uri or "")
     except ValueError as err:
@@ -85,9 +71,9 @@ def _writable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str
         s3.load_string("preflight write check", key, bucket, replace=True)
         s3.delete_objects(bucket, [key])
     except ClientError as err:
-        if not _deterministic(err):
+        if is_transient(err):
             raise
-        return [f"{param}: cannot write to s3://{bucket}/{prefix}: {_code(err) or err}"]
+        return [f"{param}: cannot write to s3://{bucket}/{prefix}: {aws_error_code(err) or err}"]
     return []
 
 
@@ -99,9 +85,6 @@ def public_access_warnings(plan: dict[str, Any], aws_conn_id: str | None) -> lis
     """A line per bucket the run writes to that does not block public access (no configuration, or a
     flag off). Warnings, not problems: the bucket's owner may mean it, and an account-level block may
     cover it. A bucket that does not exist is left to ``account_problems``."""
-    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-    from botocore.exceptions import ClientError
-
     client = S3Hook(aws_conn_id=aws_conn_id).get_conn()
     buckets: dict[str, str] = {}
     for param in ("artifacts_s3_uri", "compile_cache_s3_uri"):
@@ -114,13 +97,13 @@ def public_access_warnings(plan: dict[str, Any], aws_conn_id: str | None) -> lis
         try:
             config = client.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"]
         except ClientError as err:
-            if not _deterministic(err):
+            if is_transient(err):
                 raise
-            if _code(err) == "NoSuchPublicAccessBlockConfiguration":
+            if aws_error_code(err) == "NoSuchPublicAccessBlockConfiguration":
                 warnings.append(f"{param}: bucket {bucket} has no public access block (S3 Block Public Access "
                                 "is not configured on it)")
-            elif _code(err) != "NoSuchBucket":
-                warnings.append(f"{param}: could not read the public access block of bucket {bucket}: {_code(err)}")
+            elif aws_error_code(err) != "NoSuchBucket":
+                warnings.append(f"{param}: could not read the public access block of bucket {bucket}: {aws_error_code(err)}")
             continue
         off = [flag for flag in PUBLIC_ACCESS_FLAGS if not config.get(flag)]
         if off:
@@ -129,24 +112,20 @@ def public_access_warnings(plan: dict[str, Any], aws_conn_id: str | None) -> lis
 
 
 def _key_pair(ec2: Any, key_name: str | None) -> list[str]:
-    from botocore.exceptions import ClientError
-
     if not key_name:
         return ["key_name: empty; the head node needs an EC2 key pair"]
     try:
         ec2.describe_key_pairs(key_name)
     except ClientError as err:
-        if not _deterministic(err):
+        if is_transient(err):
             raise
-        if _code(err) == "InvalidKeyPair.NotFound":
+        if aws_error_code(err) == "InvalidKeyPair.NotFound":
             return [f"key_name: no key pair {key_name!r} in {ec2.region_name}"]
-        return [f"key_name: cannot read key pair {key_name!r}: {_code(err) or err}"]
+        return [f"key_name: cannot read key pair {key_name!r}: {aws_error_code(err) or err}"]
     return []
 
 
 def _offerings(ec2: Any, plan: dict[str, Any]) -> list[str]:
-    from botocore.exceptions import ClientError
-
     zone = plan.get("availability_zone_id")
     wanted = {"instance_type": plan.get("instance_type"), "head_node_instance_type": plan.get("head_node_instance_type")}
     for queue in plan.get("extra_queues") or []:
@@ -158,19 +137,15 @@ def _offerings(ec2: Any, plan: dict[str, Any]) -> list[str]:
     try:
         offered = set(ec2.describe_instance_type_offerings(zone, types))
     except ClientError as err:
-        if not _deterministic(err):
+        if is_transient(err):
             raise
-        return [f"availability_zone_id: cannot list instance type offerings in {zone}: {_code(err) or err}"]
+        return [f"availability_zone_id: cannot list instance type offerings in {zone}: {aws_error_code(err) or err}"]
     return [f"{param}: {itype} is not offered in availability zone id {zone} (pick another AZ id or type)"
             for param, itype in wanted.items() if itype and itype not in offered]
 
 
 def _trn_quota(ec2: Any, plan: dict[str, Any], prices: dict[str, Any], log: Any) -> list[str]:
     """The account's Running On-Demand Trn instances quota (vCPUs) against max_nodes."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE
-
     itype = str(plan.get("instance_type") or "")
     vcpus = (prices.get("instances", {}).get(itype) or {}).get("vcpus")
     if not itype.startswith("trn") or not vcpus or not isinstance(plan.get("max_nodes"), int):
@@ -180,7 +155,7 @@ def _trn_quota(ec2: Any, plan: dict[str, Any], prices: dict[str, Any], log: Any)
         quota = ec2.get_service_quota("ec2", TRN_VCPU_QUOTA_CODE)
     except (ClientError, BotoCoreError) as err:
         log.warning("Trn vCPU quota not checked: Service Quotas did not answer (%s); max_nodes %d × %d vCPUs "
-                    "needs %d", _code(err) or err, plan["max_nodes"], vcpus, needed)
+                    "needs %d", aws_error_code(err) or err, plan["max_nodes"], vcpus, needed)
         return []
     log.info("Trn vCPU quota %s: %.0f vCPUs; max_nodes %d × %d needs %d", TRN_VCPU_QUOTA_CODE, quota,
              plan["max_nodes"], vcpus, needed)
@@ -188,4 +163,19 @@ def _trn_quota(ec2: Any, plan: dict[str, Any], prices: dict[str, Any], log: Any)
         return [f"max_nodes: {plan['max_nodes']} × {itype} needs {needed} vCPUs, over the account's Running "
                 f"On-Demand Trn instances quota of {quota:.0f} ({TRN_VCPU_QUOTA_CODE}); request an increase "
                 "or lower max_nodes"]
+    return []
+
+
+def _resumable(s3: Any, uri: str | None) -> list[str]:
+    """resume_from resolves to a checkpoint (or is unset)."""
+    if not uri:
+        return []
+    try:
+        resolve_checkpoint(s3, uri)
+    except ResumeFromError as err:
+        return [f"resume_from: {err}"]
+    except ClientError as err:
+        if is_transient(err):
+            raise
+        return [f"resume_from: {uri} is not readable: {aws_error_code(err) or err}"]
     return []

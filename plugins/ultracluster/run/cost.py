@@ -5,16 +5,17 @@ Prices come from ``include/cluster/prices.json`` (on-demand, us-east-1, USD) or 
 ["reference_seq_per_s_per_node"]}}, "fsx_lustre_scratch2_usd_per_gb_month", "hours_per_month",
 "references": [...], "source", "as_of"}``.
 
-Stdlib only: the preflight task and the scaling report both call this.
+preflight, the budget guard, delete_cluster and the scaling report all price with this module.
 """
 from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ultracluster.profiles import include_dir
+from ultracluster.run.profiles import include_dir
 
 PRICES_ENV_VAR = "ULTRACLUSTER_PRICES_FILE"
 # Cluster creation, fleet start and the Neuron compile: paid for, but not training.
@@ -192,8 +193,6 @@ def budget_verdict(budget: dict[str, Any], eta_s: float | None, now: Any = None)
     :param eta_s: the job's estimate of its remaining seconds.
     :return: the reason to cancel: projected = (elapsed since ``since`` + ``eta_s``) x the rate.
     """
-    from datetime import datetime, timezone
-
     now = now or datetime.now(timezone.utc)
     since = datetime.fromisoformat(str(budget["since"]).replace("Z", "+00:00"))
     since = since if since.tzinfo else since.replace(tzinfo=timezone.utc)

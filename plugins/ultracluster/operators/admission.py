@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ultracluster.parsers.pcluster import DELETE_COMPLETE, DELETE_FAILED
+from ultracluster.parsers.pcluster import ClusterNotFoundError
+from ultracluster.run.states import DELETE_COMPLETE, DELETE_FAILED
+from ultracluster.run.tags import cluster_nodes
 
 # EC2 states that still hold the vCPU quota.
 ALIVE_STATES = frozenset({"pending", "running", "stopping", "shutting-down"})
@@ -34,9 +36,6 @@ def nodes_held(hook: Any, describe_instances: Callable[[str], list[dict]], exclu
     ``hook`` is a ParallelClusterHook; ``describe_instances(cluster_name)`` lists the cluster's EC2
     instances (ClusterInstancesHook.describe_instances).
     """
-    from ultracluster.parsers.pcluster import ClusterNotFoundError
-    from ultracluster.tags import cluster_nodes
-
     held: dict[str, tuple[int, str]] = {}
     for cluster in hook.list_clusters():
         name, status = cluster.get("clusterName"), cluster.get("clusterStatus")

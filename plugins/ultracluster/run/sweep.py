@@ -1,4 +1,4 @@
-"""Scaling sweeps: which point a run trains, and the run's plan (the params with its point applied).
+"""Scaling sweeps: which point a run trains, and the sweep index that lists its runs.
 
 A sweep is ``{"id", "num_nodes": [points], "scaling_mode"}`` in the ``sweep`` param. A run trains
 one point:
@@ -6,14 +6,19 @@ one point:
 - or picked from its logical date (backfills): the index of the schedule tick since ``ORIGIN``,
   modulo the number of points. Any ``len(num_nodes)`` consecutive ticks cover every point once.
 
-Stdlib only: imported at DAG parse time (the params' schema) and by every task's templates.
+The sweep index: preflight writes one entry per run of a sweep (``write_index_entry``) at
+``<artifacts>/sweeps/<dag_id>/<sweep_id>/runs/<run slug>.json``; the report, the network holder and
+the CLI read them back (``read_index``). Both take an S3Hook (or anything with its methods).
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ultracluster.s3_uri import split_s3_uri
+from ultracluster.run.clock import utc_now
+from ultracluster.run.names import safe_run_id
+from ultracluster.run.s3 import join_key, split_s3_uri
 
 # A Sunday 00:00 UTC: a tick of the DAG's weekly schedule, so tick indexes are whole numbers.
 ORIGIN = datetime(2023, 1, 1, tzinfo=timezone.utc)
@@ -74,23 +79,6 @@ def sweep_point(sweep: dict | None, logical_date: datetime | None, period: timed
             "chosen_by": "logical_date"}
 
 
-def run_plan(params: dict[str, Any], logical_date: datetime | None, period: timedelta) -> dict[str, Any]:
-    """The params this run trains with: a sweep point sets num_nodes, sizes the cluster to it
-    (max_nodes = the point, or min_nodes when that is larger) and sets the sweep's scaling_mode.
-    Each point has a cluster of its own, so a larger MaxCount would never be used, yet would count
-    against the node cap (which adds up MaxCounts). Every later task reads the plan, never the params."""
-    plan = dict(params)
-    point = sweep_point(params.get("sweep"), logical_date, period)
-    if point:
-        plan["num_nodes"] = point["num_nodes"]
-        min_nodes = plan.get("min_nodes") if isinstance(plan.get("min_nodes"), int) else 0
-        plan["max_nodes"] = max(point["num_nodes"], min_nodes)
-        if point["scaling_mode"]:
-            plan["scaling_mode"] = point["scaling_mode"]
-    plan["sweep_point"] = point
-    return plan
-
-
 def describe_point(point: dict) -> str:
     """The log line of a run's point: ``sweep s1: point 3/5 -> num_nodes=8``."""
     return (f"sweep {point['id']}: point {point['index'] + 1}/{point['count']} -> num_nodes={point['num_nodes']}"
@@ -101,12 +89,40 @@ def sweep_location(artifacts_s3_uri: str, area: str, dag_id: str, sweep_id: str)
     """Bucket and prefix of a sweep's files: ``<prefix>/<area>/<dag_id>/<sweep_id>``, where area is
     ``sweeps`` (the index of its runs, under ``runs/``) or ``reports``."""
     bucket, prefix = split_s3_uri(artifacts_s3_uri)
-    return bucket, "/".join(p for p in (prefix.strip("/"), area, dag_id, sweep_id) if p)
+    return bucket, join_key(prefix, area, dag_id, sweep_id)
 
 
-def plan_of(ti: Any) -> dict[str, Any]:
-    """The run's plan as the preflight task returned it (the DAG's ``plan(ti)`` template macro)."""
-    result = ti.xcom_pull(task_ids="preflight")
-    if not result:
-        raise RuntimeError("no plan: the preflight task has not run in this DAG run")
-    return result["plan"]
+def index_uri(artifacts_s3_uri: str, dag_id: str, sweep_id: str) -> str:
+    bucket, prefix = sweep_location(artifacts_s3_uri, "sweeps", dag_id, sweep_id)
+    return f"s3://{bucket}/{prefix}/runs/"
+
+
+def write_index_entry(s3: Any, artifacts_s3_uri: str, dag_id: str, run_id: str, plan: dict[str, Any],
+                      estimate: dict[str, Any]) -> str:
+    """Record a run under its sweep (``plan["sweep_point"]``); returns the entry's URI."""
+    point = plan["sweep_point"]
+    bucket, prefix = sweep_location(artifacts_s3_uri, "sweeps", dag_id, point["id"])
+    key = f"{prefix}/runs/{safe_run_id(run_id)}.json"
+    entry = {"dag_id": dag_id, "run_id": run_id, "point": point, "plan": plan, "estimate": estimate,
+             "written_at": utc_now()}
+    s3.load_string(json.dumps(entry, default=str), key, bucket, replace=True)
+    return f"s3://{bucket}/{key}"
+
+
+def read_index(s3: Any, artifacts_s3_uri: str, dag_id: str, sweep_id: str, log: Any) -> list[dict[str, Any]]:
+    """The sweep's index entries, oldest first (by ``written_at``); unreadable ones are logged and skipped."""
+    bucket, prefix = sweep_location(artifacts_s3_uri, "sweeps", dag_id, sweep_id)
+    entries = []
+    for key in s3.list_keys(bucket_name=bucket, prefix=f"{prefix}/runs/") or []:
+        if not key.endswith(".json"):
+            continue
+        try:
+            entry = json.loads(s3.read_key(key, bucket_name=bucket))
+        except ValueError as err:
+            log.warning("Skipping s3://%s/%s: not JSON (%s)", bucket, key, err)
+            continue
+        if not isinstance(entry, dict) or not entry.get("run_id"):
+            log.warning("Skipping s3://%s/%s: no run_id", bucket, key)
+            continue
+        entries.append(entry)
+    return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))

@@ -3,7 +3,7 @@
 ``load_profile()`` reads ``include/profiles/<name>.json`` where name is the argument, else
 ``$ULTRACLUSTER_PROFILE``, else ``production``. String values may reference the environment:
 ``"${VAR}"`` (VAR must be set) or ``"${VAR:-fallback}"`` (fallback when VAR is unset or empty),
-anywhere inside the string. Stdlib only: the DAG file calls this at parse time.
+anywhere inside the string.
 
 ``$ULTRACLUSTER_INCLUDE_DIR`` overrides where include/ is (default: the repository's include/,
 found next to the plugins/ project).
@@ -33,8 +33,8 @@ def include_dir() -> Path:
     override = os.environ.get(INCLUDE_DIR_ENV_VAR)
     if override:
         return Path(override)
-    # plugins/ultracluster/profiles.py -> <repo>/include
-    return Path(__file__).resolve().parents[2] / "include"
+    # plugins/ultracluster/run/profiles.py -> <repo>/include
+    return Path(__file__).resolve().parents[3] / "include"
 
 
 def _expand(value: Any, where: str) -> Any:

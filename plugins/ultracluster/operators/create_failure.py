@@ -11,6 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ultracluster.parsers.pcluster import (
+    HEAD_NODE_LOG_FILTER,
+    bootstrap_log_stream,
+    describe_stack_event,
+    failed_stack_events,
+    log_event_messages,
+)
+
 STACK_EVENTS_SHOWN = 5
 LOG_TAIL_LINES = 50
 
@@ -22,8 +30,6 @@ def log_create_failure(log: logging.Logger, hook: Any, cluster_name: str, found:
 
 
 def _log_stack_events(log: logging.Logger, hook: Any, cluster_name: str) -> None:
-    from ultracluster.parsers.pcluster import describe_stack_event, failed_stack_events
-
     try:
         failed = failed_stack_events(hook.get_cluster_stack_events(cluster_name), STACK_EVENTS_SHOWN)
     except Exception as err:  # noqa: BLE001 - diagnostics never mask the failure itself
@@ -37,8 +43,6 @@ def _log_stack_events(log: logging.Logger, hook: Any, cluster_name: str) -> None
 
 
 def _log_bootstrap_tail(log: logging.Logger, hook: Any, cluster_name: str, found: list[dict]) -> None:
-    from ultracluster.parsers.pcluster import HEAD_NODE_LOG_FILTER, bootstrap_log_stream, log_event_messages
-
     try:
         streams = hook.list_cluster_log_streams(cluster_name, filters=[HEAD_NODE_LOG_FILTER])
         stream = bootstrap_log_stream(streams, found)

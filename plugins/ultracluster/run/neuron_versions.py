@@ -5,7 +5,7 @@ Only on_node_configured.sh reaches the nodes, so render_config uploads a copy of
 Specs looser than an exact version (``*``, ``>=``, ``~=``, a bare name, ...) are refused here, so a
 loose pin fails render_config before anything is created. Stdlib only.
 
-``python -m ultracluster.neuron_versions render`` prints the rendered script;
+``python -m ultracluster.run.neuron_versions render`` prints the rendered script;
 ``readme`` rewrites the quoted block in include/training/README.md (``--check``: fail if stale).
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ import re
 import shlex
 import sys
 from pathlib import Path
+
+from ultracluster.run.profiles import include_dir
 
 VERSIONS_FILE = "neuron-versions.env"
 SCRIPT = ("cluster", "on_node_configured.sh")
@@ -38,8 +40,6 @@ class VersionsError(ValueError):
 
 
 def _include(*parts: str) -> Path:
-    from ultracluster.profiles import include_dir
-
     return include_dir().joinpath(*parts)
 
 
@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         if current == wanted:
             return 0
         if "--check" in args[1:]:
-            print(f"{readme} does not quote include/{VERSIONS_FILE}: run python -m ultracluster.neuron_versions readme",
+            print(f"{readme} does not quote include/{VERSIONS_FILE}: run python -m ultracluster.run.neuron_versions readme",
                   file=sys.stderr)
             return 1
         readme.write_text(wanted)
         return 0
-    print("usage: python -m ultracluster.neuron_versions render | readme [--check]", file=sys.stderr)
+    print("usage: python -m ultracluster.run.neuron_versions render | readme [--check]", file=sys.stderr)
     return 2
 
 

@@ -10,19 +10,26 @@ worker slot) and looks again, up to ``teardown_wait`` seconds, so the report has
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.dag_runs import get_dagrun_state
 from ultracluster.links import SweepReportLink
-from ultracluster.report.records import XCOM_TASKS, parse_time, run_record
-from ultracluster.s3_encryption import check_sse
-from ultracluster.sweep import sweep_location
+from ultracluster.report.plot import plot_png
+from ultracluster.report.records import XCOM_TASKS, run_record
+from ultracluster.report.render import render_html, render_markdown, report_json
+from ultracluster.report.table import make_report
+from ultracluster.run.clock import parse_time
+from ultracluster.run.cost import load_prices
+from ultracluster.run.s3 import check_sse
+from ultracluster.run.sweep import index_uri, read_index, sweep_location
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -54,49 +61,6 @@ def requested_sweeps(params: Mapping[str, Any], events: Mapping[Any, Sequence[An
     return sweeps
 
 
-def _not_found(err: Exception) -> bool:
-    response = getattr(err, "response", None)  # ServerResponseError: in-process (dag.test())
-    if response is not None:
-        return response.status_code == 404
-    detail = getattr(getattr(err, "error", None), "detail", None)  # AirflowRuntimeError: from a supervisor
-    return isinstance(detail, Mapping) and detail.get("status_code") == 404
-
-
-def dagrun_state(dag_id: str, run_id: str) -> str | None:
-    """The run's state from the API server; None when there is no such run (deleted). Other API
-    errors propagate: a run must not look missing because the server was briefly unreachable."""
-    from airflow.sdk.api.client import ServerResponseError
-    from airflow.sdk.exceptions import AirflowRuntimeError
-    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-    try:
-        return RuntimeTaskInstance.get_dagrun_state(dag_id=dag_id, run_id=run_id)
-    except (AirflowRuntimeError, ServerResponseError) as err:
-        if _not_found(err):
-            return None
-        raise
-
-
-def sweep_index(s3: Any, root: str, source: str, sweep_id: str, log: Any) -> list[dict[str, Any]]:
-    """The sweep's index entries (preflight writes one per run), oldest first (by ``written_at``);
-    unreadable ones are logged and skipped. ``s3``: an S3Hook."""
-    bucket, prefix = sweep_location(root, "sweeps", source, sweep_id)
-    entries = []
-    for key in s3.list_keys(bucket_name=bucket, prefix=f"{prefix}/runs/") or []:
-        if not key.endswith(".json"):
-            continue
-        try:
-            entry = json.loads(s3.read_key(key, bucket_name=bucket))
-        except ValueError as err:
-            log.warning("Skipping s3://%s/%s: not JSON (%s)", bucket, key, err)
-            continue
-        if not isinstance(entry, dict) or not entry.get("run_id"):
-            log.warning("Skipping s3://%s/%s: no run_id", bucket, key)
-            continue
-        entries.append(entry)
-    return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))
-
-
 def run_xcoms(ti: Any, dag_id: str, run_id: str) -> dict[str, Any]:
     """The return values of the source run's tasks that feed a run record."""
     return {task_id: ti.xcom_pull(dag_id=dag_id, run_id=run_id, task_ids=task_id) for task_id in XCOM_TASKS}
@@ -112,13 +76,12 @@ class ScalingReportOperator(BaseOperator):
     lists each ``{"sweep_id", "uri"}``. Each outlet gets ``{"sweep_id", "uri"}`` as its event extra.
 
     :param aws_conn_id: S3Hook connection.
-    :param s3_encryption: server-side encryption of the report's files (``s3_encryption.sse_args``).
+    :param s3_encryption: server-side encryption of the report's files (``run.s3.sse_args``).
     :param poll_interval: seconds between looks while runs tear down.
     :param teardown_wait: seconds to wait for teardowns at most, then skip (or report, if partial).
     :param state_lookup: ``(dag_id, run_id) -> state``; default: the API server's.
     :param xcom_lookup: ``(ti, dag_id, run_id) -> {task_id: value}``; default: ``ti.xcom_pull``.
     """
-
     ui_color = "#d5f5e3"
     operator_extra_links = (SweepReportLink(),)
 
@@ -131,13 +94,10 @@ class ScalingReportOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.poll_interval = poll_interval
         self.teardown_wait = teardown_wait
-        self.state_lookup = state_lookup or dagrun_state
+        self.state_lookup = state_lookup or get_dagrun_state
         self.xcom_lookup = xcom_lookup or run_xcoms
 
     def execute(self, context: Context, event: Any = None, waiting_since: str | None = None) -> dict[str, Any]:
-        from ultracluster.cost import load_prices
-        from ultracluster.hooks.artifacts import ArtifactsS3Hook
-
         params = context["params"]
         source = params.get("source_dag_id") or DEFAULT_SOURCE_DAG_ID
         sweeps = requested_sweeps(params, context.get("triggering_asset_events"))
@@ -169,33 +129,21 @@ class ScalingReportOperator(BaseOperator):
     def _report(self, ti: Any, s3: Any, root: str, source: str, sweep_id: str, prices: dict[str, Any],
                 partial: bool) -> tuple[dict[str, Any], str | None]:
         """The sweep's report, and why not to publish it (None: publish)."""
-        from ultracluster.report.table import make_report
-
-        entries = self._index(s3, root, source, sweep_id)
+        entries = read_index(s3, root, source, sweep_id, self.log)
         records = [run_record(e, self.state_lookup(e.get("dag_id") or source, e["run_id"]),
                               self.xcom_lookup(ti, e.get("dag_id") or source, e["run_id"])) for e in entries]
         # The newest index entry has the sweep's current list of points.
         points = next((e["point"]["points"] for e in reversed(entries) if (e.get("point") or {}).get("points")), [])
         report = make_report(sweep_id, source, points, records, prices, partial=partial)
         if not entries:
-            return report, f"no runs indexed under {self._index_uri(root, source, sweep_id)}"
+            return report, f"no runs indexed under {index_uri(root, source, sweep_id)}"
         if report["pending"] and not partial:
             waiting = ", ".join(f"{p['nodes']} nodes {p['status']}" + (" (tearing down)" if p["tearing_down"] else "")
                                 for p in report["pending"])
             return report, f"not every point has ended (pending: {waiting}); set partial to report anyway"
         return report, None
 
-    @staticmethod
-    def _index_uri(root: str, source: str, sweep_id: str) -> str:
-        bucket, prefix = sweep_location(root, "sweeps", source, sweep_id)
-        return f"s3://{bucket}/{prefix}/runs/"
-
-    def _index(self, s3: Any, root: str, source: str, sweep_id: str) -> list[dict[str, Any]]:
-        return sweep_index(s3, root, source, sweep_id, self.log)
-
     def _wait(self, sweeps: list[str], started: datetime) -> None:
-        from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
-
         self.log.info("Sweep(s) %s: the last runs are deleting their clusters; looking again in %s s "
                       "(waiting since %s, at most %s s)", sweeps, self.poll_interval, started.isoformat(),
                       self.teardown_wait)
@@ -204,9 +152,6 @@ class ScalingReportOperator(BaseOperator):
 
     def _publish(self, context: Context, s3: Any, source: str,
                  reports: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        from ultracluster.report.plot import plot_png
-        from ultracluster.report.render import render_html, render_markdown, report_json
-
         published = []
         for root, report in reports:
             bucket, prefix = sweep_location(root, "reports", source, report["sweep_id"])

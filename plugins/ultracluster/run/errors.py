@@ -1,0 +1,19 @@
+"""Which AWS errors are worth a retry: throttling and unavailability pass, everything else repeats.
+
+botocore's ClientError carries the service's code in ``err.response["Error"]["Code"]``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+TRANSIENT_CODES = frozenset({
+    "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+    "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout", "SlowDown"})
+
+
+def aws_error_code(err: Any) -> str:
+    return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def is_transient(err: Any) -> bool:
+    return aws_error_code(err) in TRANSIENT_CODES
