@@ -1,5 +1,5 @@
-"""Benchmark 1, DAG parse cost: dags/trn1_bert_pretrain.py against a bare 10-task DAG, both in fresh
-interpreters, interleaved in the same run.
+"""Benchmark 1, DAG parse cost: dags/trn1_bert_pretrain.py against a bare DAG of as many tasks (15),
+both in fresh interpreters, interleaved in the same run.
 
 Each sample is a fresh interpreter that imports airflow.sdk (paid by both) and pre-imports the
 file's ``airflow.*`` imports as the DAG processor's parent does (parsing_pre_import_modules), then
@@ -24,7 +24,7 @@ BARE_DAG = '''
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
 with DAG("bare", schedule=None):
-    tasks = [EmptyOperator(task_id=f"t{i}") for i in range(10)]
+    tasks = [EmptyOperator(task_id=f"t{i}") for i in range(15)]
     for a, b in zip(tasks, tasks[1:]):
         a >> b
 '''
@@ -39,7 +39,7 @@ spec = importlib.util.spec_from_file_location("dag_under_test", sys.argv[1])
 spec.loader.exec_module(importlib.util.module_from_spec(spec))
 print(time.perf_counter() - t, time.process_time() - c)
 '''
-TARGET_EXTRA_MS = 25.0
+TARGET_RATIO = 3.0  # issue 20: at most 3x a bare DAG of as many tasks
 
 
 def sample(path: pathlib.Path, env: dict[str, str]) -> tuple[float, float]:
@@ -70,13 +70,11 @@ def main() -> None:
                 wall_ms.append(wall * 1000)
                 cpu_ms.append(cpu * 1000)
     report = Report("dag_parse", "1. DAG parse cost (fresh interpreters, interleaved)")
-    report.figure("bare 10-task DAG", summary(bare_s), "ms")
+    report.figure("bare 15-task DAG", summary(bare_s), "ms")
     report.figure("trn1_bert_pretrain", summary(dag_s), "ms")
-    extra = [d - b for d, b in zip(dag_s, bare_s)]
-    report.figure("extra over bare", summary(extra), "ms", f"<= {TARGET_EXTRA_MS:g} ms")
-    report.figure("ratio", summary([d / b for d, b in zip(dag_s, bare_s)]), "x bare")
-    # CPU time leaves out waits for a core, which on a shared 2-core VM spread the wall samples.
-    report.figure("extra over bare, CPU time", summary([d - b for d, b in zip(dag_cpu, bare_cpu)]), "ms",
+    report.figure("extra over bare", summary([d - b for d, b in zip(dag_s, bare_s)]), "ms")
+    report.figure("ratio", summary([d / b for d, b in zip(dag_s, bare_s)]), "x bare", f"<= {TARGET_RATIO:g}x")
+    report.figure("ratio, CPU time", summary([d / b for d, b in zip(dag_cpu, bare_cpu)]), "x bare",
                   note="process_time of the parse")
     report.save()
 

@@ -108,8 +108,8 @@ def run_failed(context: Any) -> None:
 
 
 def notify_budget_stop(context: Any, event: dict[str, Any]) -> bool:
-    """The budget guard cancelled a Slurm job (a SlurmJobTrigger "budget" event): say so at once."""
-    if event.get("status") != "budget":
+    """The budget guard cancelled a Slurm job (a "budget_exceeded" event): say so at once."""
+    if event.get("reason") != "budget_exceeded":
         return False
     ti = context["ti"]
     return notify(

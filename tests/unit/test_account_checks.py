@@ -8,9 +8,9 @@ import boto3
 import pytest
 
 from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
-from ultracluster.run.cost import load_prices
 from ultracluster.hooks.account import AccountHook
 from ultracluster.operators.account_checks import account_problems
+from ultracluster.run.cost import load_prices
 from ultracluster.run.profiles import load_profile
 from ultracluster.run.tags import tag_problems
 

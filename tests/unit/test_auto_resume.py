@@ -11,10 +11,22 @@ import shlex
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from tests.unit.test_slurm_job import (OK, TRAIN_NAME, DictStore, ReplayHeadNode, context, operator, recorded,
-                                       squeue_line, training_dir)  # noqa: F401 (training_dir is a fixture)
+from tests.unit.test_slurm_job import (
+    OK,
+    TRAIN_NAME,
+    DictStore,
+    ReplayHeadNode,
+    context,
+    operator,
+    recorded,
+    squeue_line,
+    training_dir,  # noqa: F401 (a fixture)
+)
+from ultracluster.run.events import event
 from ultracluster.hooks.head_node import CommandResult
-from ultracluster.operators._slurm_resume import STATE_KEY_AUTO_RESUME, resume_attempts, resume_summary
+from ultracluster.operators.slurm_resume import STATE_KEY_AUTO_RESUME
+from ultracluster.run.jobs import resume_summary
+from ultracluster.run.plan import resume_attempts
 from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 from ultracluster.run.contracts import newest_checkpoint
 from ultracluster.run.states import is_node_fault
@@ -22,8 +34,8 @@ from ultracluster.triggers.fleet import ComputeFleetTrigger
 from ultracluster.triggers.slurm import SlurmJobTrigger
 
 OUT = "/fsx/jobs/run1/train"
-NODE_FAIL = {"status": "failed", "job_id": "8", "state": "NODE_FAIL", "exit_code": 0, "signal": 0,
-             "reason": "NodeDown", "last_progress": {"step": 13, "total": 40}}
+NODE_FAIL = event("job_failed", job_id="8", state="NODE_FAIL", exit_code=0, signal=0, job_reason="NodeDown",
+                  last_progress={"step": 13, "total": 40})
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +90,7 @@ def test_node_fault_defers_to_the_fleet_trigger_with_the_pinned_key(training_dir
 
 
 @pytest.mark.parametrize("event, tail, error", [
-    ({**NODE_FAIL, "state": "FAILED", "reason": "NonZeroExitCode", "exit_code": 1}, "Traceback\n", AirflowException),
+    ({**NODE_FAIL, "state": "FAILED", "job_reason": "NonZeroExitCode", "exit_code": 1}, "Traceback\n", AirflowException),
     (NODE_FAIL, "UC_ERROR DATA_DIR has no *_training_*.hdf5\n", AirflowFailException),
 ])
 def test_the_jobs_own_failure_never_resumes(training_dir, event, tail, error):
@@ -123,7 +135,7 @@ def test_resume_submits_from_the_newest_checkpoint_of_all_earlier_jobs(training_
     op = operator(replay, training_dir, auto_resume_attempts=2)
     ctx = context(store)
     with pytest.raises(TaskDeferred) as deferred:
-        op.resume_after_fleet(ctx, {"status": "success", "head_node": {}})
+        op.resume_after_fleet(ctx, event("complete", head_node={}))
     trigger = deferred.value.trigger
     assert isinstance(trigger, SlurmJobTrigger) and deferred.value.method_name == "execute_complete"
     assert (trigger.job_id, trigger.job_name, trigger.log_offset) == ("1", TRAIN_NAME, 0)
@@ -143,7 +155,7 @@ def test_resume_without_any_checkpoint_starts_over_and_counts_every_step_lost(tr
     replay = ReplayHeadNode(squeue=[recorded("squeue_none")], list=[listing()], sbatch=[recorded("sbatch_mix")])
     op = operator(replay, training_dir, auto_resume_attempts=1)
     with pytest.raises(TaskDeferred):
-        op.resume_after_fleet(context(store), {"status": "success"})
+        op.resume_after_fleet(context(store), event("complete"))
     env = sbatch_env(replay)
     assert "RESUME_DIR" not in env and "STEPS_THIS_RUN" not in env
     assert resume_summary(store.values[STATE_KEY_AUTO_RESUME])["steps_lost"] == 4
@@ -155,7 +167,7 @@ def test_resume_counts_from_resume_froms_checkpoint_when_it_is_the_newest(traini
     op = operator(replay, training_dir, auto_resume_attempts=1)
     op.job_env["RESUME_CKPT"] = f"{OUT}/.resume/ckpt_50.pt"
     with pytest.raises(TaskDeferred):
-        op.resume_after_fleet(context(store), {"status": "success"})
+        op.resume_after_fleet(context(store), event("complete"))
     env = sbatch_env(replay)
     assert "RESUME_DIR" not in env and env["RESUME_CKPT"] == f"{OUT}/.resume/ckpt_50.pt"
     entry = store.values[STATE_KEY_AUTO_RESUME]["resumes"][-1]
@@ -172,7 +184,7 @@ def test_steps_lost_come_from_the_log_when_the_trigger_saw_no_progress(training_
                             tail=[CommandResult(0, log, "")], sbatch=[recorded("sbatch_mix")])
     op = operator(replay, training_dir, auto_resume_attempts=1)
     with pytest.raises(TaskDeferred):
-        op.resume_after_fleet(context(store), {"status": "success"})
+        op.resume_after_fleet(context(store), event("complete"))
     assert any(c.description == f"tail -n 200 {OUT}/slurm-8.out" for c in replay.calls)
     entry = store.values[STATE_KEY_AUTO_RESUME]["resumes"][-1]
     assert (entry["last_step"], entry["from_step"], entry["steps_lost"]) == (12, 10, 2)
@@ -184,7 +196,7 @@ def test_a_fleet_that_does_not_recover_fails_the_task(training_dir):
     replay = ReplayHeadNode()
     op = operator(replay, training_dir, auto_resume_attempts=1)
     with pytest.raises(AirflowException, match="fleet did not recover: Nodes stayed down"):
-        op.resume_after_fleet(context(store), {"status": "failed", "message": "Nodes stayed down"})
+        op.resume_after_fleet(context(store), event("nodes_stuck", "Nodes stayed down"))
     assert replay.calls == []
 
 
@@ -193,7 +205,7 @@ def test_resume_reattaches_to_a_resumed_job_already_running(training_dir):
     replay = ReplayHeadNode(squeue=[squeue_line("9", TRAIN_NAME, "RUNNING")])
     op = operator(replay, training_dir, auto_resume_attempts=1)
     with pytest.raises(TaskDeferred) as deferred:
-        op.resume_after_fleet(context(store), {"status": "success"})
+        op.resume_after_fleet(context(store), event("complete"))
     assert deferred.value.trigger.job_id == "9" and "sbatch" not in replay.programs()
 
 
@@ -225,7 +237,7 @@ def test_success_reports_the_resumes(training_dir):
     record["resumes"][-1].update(job_id="9", from_step=10, steps_lost=3)
     op = operator(ReplayHeadNode(), training_dir, auto_resume_attempts=2)
     result = op.execute_complete(context(DictStore(**{STATE_KEY_AUTO_RESUME: record})),
-                                 {"status": "success", "job_id": "9", "state": "COMPLETED", "exit_code": 0})
+                                 event("complete", job_id="9", state="COMPLETED", exit_code=0))
     assert result["auto_resume"] == {"resumes": 1, "steps_lost": 3, "history": [
         {"failed_job_id": "8", "state": "NODE_FAIL", "last_step": 13, "from_step": 10, "steps_lost": 3, "job_id": "9"}]}
 
@@ -234,4 +246,4 @@ def test_validate_needs_the_cluster_name_when_auto_resume_is_on(training_dir):
     op = operator(ReplayHeadNode(), training_dir, auto_resume_attempts=1)
     op.head_node = {k: v for k, v in op.head_node.items() if k != "cluster_name"}
     with pytest.raises(ValueError, match="cluster_name"):
-        op._validate()
+        op.job(context())

@@ -18,7 +18,7 @@ from tests.unit.test_dataset import (  # noqa: F401 - fixtures
     head,
     moto_endpoint,
 )
-from ultracluster.operators.checkpoint import ResumeFromError, RestoreCheckpointOperator, resolve_checkpoint
+from ultracluster.operators.checkpoint import RestoreCheckpointOperator, ResumeFromError, resolve_checkpoint
 
 BUCKET = "ultracluster-artifacts"
 RUN = "runs/failed/trn1_bert_pretrain/manual-2026-12-01t08-00-00-00-00-abc"

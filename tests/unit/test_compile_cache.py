@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.test_dataset import aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401 - fixtures
-from ultracluster.run.compile_cache import cache_facts, cache_key, cache_object, compiler_version
 from ultracluster.operators.compile_cache import CompileCacheOperator
+from ultracluster.run.compile_cache import cache_facts, cache_key, cache_object, compiler_version
 
 CACHE_URI = "s3://uc-compile-cache/neuron"
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}

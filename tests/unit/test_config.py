@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from ultracluster.run.names import CLUSTER_NAME_PATTERN, cluster_name_for, safe_run_id
-from ultracluster.run.plan import ConfigValidationError, validate_plan as validate_pipeline_params
 from ultracluster.operators.cluster_config import RenderClusterConfigOperator, validate_cluster_config
+from ultracluster.run.errors import ConfigValidationError
+from ultracluster.run.names import CLUSTER_NAME_PATTERN, cluster_name_for, safe_run_id
 from ultracluster.run.neuron_versions import render_on_node_configured
+from ultracluster.run.plan import validate_plan
 from ultracluster.run.profiles import include_dir, load_profile
 
 REGION = "us-east-1"
@@ -40,7 +41,7 @@ def profile(request) -> dict:
 
 
 def test_profile_defaults_pass_the_cross_field_rules(profile):
-    validate_pipeline_params(profile)
+    validate_plan(profile)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -56,17 +57,17 @@ def test_profile_defaults_pass_the_cross_field_rules(profile):
 def test_cross_field_violations_are_reported(change, message):
     params = dict(load_profile("production"), **change)
     with pytest.raises(ConfigValidationError, match=message):
-        validate_pipeline_params(params)
+        validate_plan(params)
 
 
 def test_weak_scaling_allows_any_node_count():
-    validate_pipeline_params(dict(load_profile("production"), scaling_mode="weak", num_nodes=3))
+    validate_plan(dict(load_profile("production"), scaling_mode="weak", num_nodes=3))
 
 
 def test_all_problems_are_listed_at_once():
     params = dict(load_profile("production"), num_nodes=40, max_nodes=16, steps_this_run=10**6)
     with pytest.raises(ConfigValidationError) as err:
-        validate_pipeline_params(params)
+        validate_plan(params)
     assert str(err.value).count("\n- ") == 3  # max_nodes, steps, divisibility
 
 

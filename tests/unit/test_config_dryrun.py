@@ -18,8 +18,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.unit.test_config import RecordingTaskInstance, s3  # noqa: F401 - s3 is a fixture
 from ultracluster.operators.cluster_config import RenderClusterConfigOperator
-from ultracluster.run.names import cluster_name_for, safe_run_id
 from ultracluster.parsers.pcluster import PclusterError
+from ultracluster.run.names import cluster_name_for, safe_run_id
 from ultracluster.run.profiles import load_profile
 
 REGION = "us-east-1"

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-import ultracluster.hooks.head_node as head_node_module
+from tests.head_node_patch import use_head_node
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.operators.dataset import DownloadDatasetOperator, dataset_object, marker_matches
@@ -80,7 +80,7 @@ class LocalShellHeadNode:
 @pytest.fixture
 def head(monkeypatch):
     shell = LocalShellHeadNode()
-    monkeypatch.setattr(head_node_module, "HeadNodeHook", lambda **_: shell)
+    use_head_node(monkeypatch, shell)
     return shell
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.unit.test_dataset import LocalShellHeadNode, aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401
 from tests.unit.test_config import s3  # noqa: F401 - fixture: in-process moto, as the render tests use
+from tests.unit.test_dataset import LocalShellHeadNode, aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401
 from tests.unit.test_results import HEAD, OutletEvents, job_outputs
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.artifacts import ArtifactsS3Hook

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
-from ultracluster.run.names import safe_run_id
-from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
-from ultracluster.run.contracts import select_failure_artifacts
 from tests.unit.test_dataset import _stop_leftover_transfers  # noqa: F401 - autouse fixture
 from tests.unit.test_results import HEAD, artifacts, head  # noqa: F401 - fixtures
+from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
+from ultracluster.run.contracts import select_failure_artifacts
+from ultracluster.run.names import safe_run_id
 
 RUN_ID = "manual__2026-12-01T08:00:00+00:00"
 PREFIX = f"failed/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/"

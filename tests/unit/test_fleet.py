@@ -8,20 +8,23 @@ import contextlib
 import copy
 import importlib
 import json
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
-
-from datetime import datetime
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
+import ultracluster.sensors.fleet as fleet_sensor_module
+import ultracluster.triggers.fleet as fleet_trigger_module
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
-from ultracluster.parsers.pcluster import ClusterNotFoundError
-from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor
-from ultracluster.triggers.fleet import FAIL, READY, WAIT, ComputeFleetTrigger, evaluate_cluster
-from ultracluster.parsers.pcluster import cluster_identity
+from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity
+from ultracluster.run.events import event
+from ultracluster.run.fleet import judge_cluster
+from ultracluster.run.states import FAILED, PENDING, READY
+from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor, FleetCheck
+from ultracluster.triggers.fleet import ComputeFleetTrigger
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPinnedAtFirstContact"
@@ -36,6 +39,8 @@ def sinfo(name: str) -> CommandResult:
 
 
 class FakePcluster:
+    """The trigger's async describe-cluster."""
+
     def __init__(self, *descriptions):
         self.descriptions = list(descriptions)
 
@@ -67,8 +72,71 @@ class SinfoHeadNode:
         return item
 
 
+class FakeDescribe:
+    """ParallelClusterHook's describe_cluster, answering from a list (the last answer repeats)."""
+
+    def __init__(self, *descriptions):
+        self.descriptions = list(descriptions)
+
+    def describe_cluster(self, cluster_name):
+        item = self.descriptions.pop(0) if len(self.descriptions) > 1 else self.descriptions[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+@pytest.fixture
+def head_nodes(monkeypatch):
+    """The worker-side wait's head node (sensors.fleet.HeadNodeHook): sinfo answers and first contact."""
+
+    class FakeHeadNodeHook:
+        results: list = []
+        seen: list = []  # the head node dict of each connection
+        fetched: list = []  # first contacts
+        refuse = False
+
+        def __init__(self, ssh_conn_id, head_node):
+            FakeHeadNodeHook.seen.append(head_node)
+
+        def run(self, command, timeout=None):
+            results = FakeHeadNodeHook.results
+            item = results.pop(0) if len(results) > 1 else results[0]
+            if isinstance(item, Exception):
+                raise item
+            return item
+
+        def close(self):
+            pass
+
+        @staticmethod
+        def fetch_host_key(address, port, timeout=10):
+            if FakeHeadNodeHook.refuse:
+                raise ConnectionRefusedError("refused")
+            FakeHeadNodeHook.fetched.append((address, port))
+            return HOST_KEY
+
+    monkeypatch.setattr(fleet_sensor_module, "HeadNodeHook", FakeHeadNodeHook)
+    return FakeHeadNodeHook
+
+
+def check(head_nodes, sinfo_result, *descriptions, **kwargs):
+    """One round of both gates in the worker (FleetCheck): (judgement, head node or None)."""
+    head_nodes.results = [sinfo_result]
+    params = dict(cluster_name="uc-run1", num_nodes=2, partition=None, ssh_conn_id="ultracluster_head_node",
+                  ssh_port=2222)
+    params.update(kwargs)
+    fleet_check = FleetCheck(pcluster_hook=FakeDescribe(*descriptions), **params)
+    judgement, head = fleet_check.check()
+    return judgement.verdict, judgement.message, head, fleet_check
+
+
+def judged(description: dict):
+    return judge_cluster(**cluster_facts(description))
+
+
 @pytest.fixture
 def first_contact(monkeypatch):
+    """The trigger's first contact (asyncssh), recorded."""
     calls = []
 
     async def fetch(address, port, timeout=10):
@@ -92,95 +160,83 @@ def make_trigger(head_node: SinfoHeadNode, **kwargs) -> ComputeFleetTrigger:
 
 
 def test_cluster_gate_states():
-    assert evaluate_cluster(described("create_complete"))[0] == READY
-    assert evaluate_cluster(described("create_in_progress"))[0] == WAIT
-    verdict, reason = evaluate_cluster(described("create_failed"))
-    assert verdict == FAIL and "CREATE_FAILED" in reason and "OnNodeConfiguredExecutionFailure" in reason
-    assert evaluate_cluster(described("delete_in_progress"))[0] == FAIL
-    assert evaluate_cluster(described("delete_failed"))[0] == FAIL
+    assert judged(described("create_complete")).verdict == READY
+    assert judged(described("create_in_progress")).verdict == PENDING
+    failed = judged(described("create_failed"))
+    assert failed.verdict == FAILED and failed.reason == "cluster_failed"
+    assert "CREATE_FAILED" in failed.message and "OnNodeConfiguredExecutionFailure" in failed.message
+    assert judged(described("delete_in_progress"))[:2] == (FAILED, "cluster_gone")
+    assert judged(described("delete_failed"))[:2] == (FAILED, "cluster_failed")
 
 
-@pytest.mark.parametrize("fleet, verdict", [("PROTECTED", FAIL), ("STOPPED", FAIL), ("STARTING", WAIT),
-                                            ("START_REQUESTED", WAIT), ("RUNNING", READY)])
+@pytest.mark.parametrize("fleet, verdict", [("PROTECTED", FAILED), ("STOPPED", FAILED), ("STARTING", PENDING),
+                                            ("START_REQUESTED", PENDING), ("RUNNING", READY)])
 def test_compute_fleet_status(fleet, verdict):
     description = copy.deepcopy(described("create_complete"))
     description["computeFleetStatus"] = fleet
-    result, reason = evaluate_cluster(description)
-    assert result == verdict
+    judgement = judged(description)
+    assert judgement.verdict == verdict
     if fleet == "PROTECTED":
-        assert "PROTECTED" in reason and "bootstrap" in reason
+        assert "PROTECTED" in judgement.message and "bootstrap" in judgement.message
 
 
 # ------------------------------------------------------------------------------ both gates
 
 
-def test_ready_on_idle_nodes_returns_pinned_head_node(first_contact):
-    head_node = SinfoHeadNode(sinfo("sinfo_idle"))
-    trigger = make_trigger(head_node, num_nodes=4)
-    verdict, reason, result = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
+def test_ready_on_idle_nodes_returns_pinned_head_node(head_nodes):
+    verdict, reason, result, _ = check(head_nodes, sinfo("sinfo_idle"), described("create_complete"), num_nodes=4)
     assert verdict == READY, reason
     assert result == {"cluster_name": "uc-run1", "address": "198.51.100.44", "host_key": HOST_KEY, "partition": "compute1"}
-    assert first_contact == [("198.51.100.44", 2222)]
-    assert trigger._seen_head["host_key"] == HOST_KEY  # the Slurm check already used the pinned key
+    assert head_nodes.fetched == [("198.51.100.44", 2222)]
+    assert head_nodes.seen[-1]["host_key"] == HOST_KEY  # the Slurm check already used the pinned key
 
 
-def test_ready_counts_powered_down_dynamic_nodes(first_contact):
+def test_ready_counts_powered_down_dynamic_nodes(head_nodes):
     # both static nodes busy, 2 dynamic nodes idle~: a 2-node job can start (Slurm powers them up)
-    verdict, reason, _ = asyncio.run(
-        make_trigger(SinfoHeadNode(sinfo("sinfo_mix_alloc")), num_nodes=2).check_once(FakePcluster(described("create_complete")))
-    )
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_mix_alloc"), described("create_complete"), num_nodes=2)
     assert verdict == READY and "idle~ (powered down) 2" in reason
 
 
-def test_waits_while_nodes_are_busy(first_contact):
-    verdict, _, result = asyncio.run(
-        make_trigger(SinfoHeadNode(sinfo("sinfo_mix_alloc")), num_nodes=3).check_once(FakePcluster(described("create_complete")))
-    )
-    assert verdict == WAIT and result is None
+def test_waits_while_nodes_are_busy(head_nodes):
+    verdict, _, result, _ = check(head_nodes, sinfo("sinfo_mix_alloc"), described("create_complete"), num_nodes=3)
+    assert verdict == PENDING and result is None
 
 
-def test_fails_fast_when_needed_nodes_are_down_or_drained(first_contact):
-    verdict, reason, _ = asyncio.run(
-        make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=2).check_once(FakePcluster(described("create_complete")))
-    )
-    assert verdict == FAIL
+def test_fails_fast_when_needed_nodes_are_down_or_drained(head_nodes):
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"), num_nodes=2)
+    assert verdict == FAILED
     assert "Kernel panic on boot" in reason and "Not responding" in reason and "ResumeTimeout reached" in reason
 
 
-def test_named_queue_and_unknown_queue(first_contact):
-    ok = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_down_drained")), num_nodes=1, partition="compute2")
-                     .check_once(FakePcluster(described("create_complete"))))
-    assert ok[0] == READY and ok[2]["partition"] == "compute2"
-    bad = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), partition="nope")
-                      .check_once(FakePcluster(described("create_complete"))))
-    assert bad[0] == FAIL and "nope" in bad[1]
+def test_named_queue_and_unknown_queue(head_nodes):
+    verdict, _, head, _ = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"), num_nodes=1,
+                                partition="compute2")
+    assert verdict == READY and head["partition"] == "compute2"
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_idle"), described("create_complete"), partition="nope")
+    assert verdict == FAILED and "nope" in reason
 
 
-def test_waits_for_sshd_and_slurm(monkeypatch):
-    async def refuse(address, port, timeout=10):
-        raise ConnectionRefusedError("refused")
-
-    monkeypatch.setattr(HeadNodeHook, "afetch_host_key", staticmethod(refuse))
-    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle"))).check_once(FakePcluster(described("create_complete"))))
-    assert verdict == WAIT and "sshd" in reason
-    trigger = make_trigger(SinfoHeadNode(HeadNodeUnreachableError("reset")), host_key=HOST_KEY)
-    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
-    not_up = CommandResult(1, "", "slurm_load_partitions: Unable to contact slurm controller (connect failure)")
-    trigger = make_trigger(SinfoHeadNode(not_up), host_key=HOST_KEY)
-    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
-
-
-def test_missing_cluster_fails():
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))
-    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(ClusterNotFoundError("Cluster 'uc-run1' does not exist"))))
-    assert verdict == FAIL and "does not exist" in reason
-
-
-def test_known_host_key_is_not_fetched_again(first_contact):
+def test_waits_for_sshd_and_slurm(head_nodes):
+    head_nodes.refuse = True
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_idle"), described("create_complete"))
+    assert verdict == PENDING and "sshd" in reason
+    head_nodes.refuse = False
     identity = cluster_identity(described("create_complete"))
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY, host_key_cluster=identity)
-    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == READY
-    assert first_contact == []
+    pin = {"host_key": HOST_KEY, "cluster": identity}
+    assert check(head_nodes, HeadNodeUnreachableError("reset"), described("create_complete"), pin=pin)[0] == PENDING
+    not_up = CommandResult(1, "", "slurm_load_partitions: Unable to contact slurm controller (connect failure)")
+    assert check(head_nodes, not_up, described("create_complete"), pin=pin)[0] == PENDING
+
+
+def test_missing_cluster_fails(head_nodes):
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_idle"), ClusterNotFoundError("Cluster 'uc-run1' does not exist"))
+    assert verdict == FAILED and "does not exist" in reason
+
+
+def test_known_host_key_is_not_fetched_again(head_nodes):
+    pin = {"host_key": HOST_KEY, "cluster": cluster_identity(described("create_complete"))}
+    assert check(head_nodes, sinfo("sinfo_idle"), described("create_complete"), pin=pin)[0] == READY
+    assert head_nodes.fetched == []
 
 
 def recreated(description: dict) -> dict:
@@ -192,28 +248,27 @@ def recreated(description: dict) -> dict:
     return again
 
 
-def test_key_pinned_for_an_earlier_cluster_of_the_name_is_not_reused(first_contact):
+def test_key_pinned_for_an_earlier_cluster_of_the_name_is_not_reused(head_nodes):
     old = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeyOfTheDeletedCluster"
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), num_nodes=1, host_key=old,
-                           host_key_cluster=cluster_identity(described("create_complete")))
-    verdict, reason, head = asyncio.run(trigger.check_once(FakePcluster(recreated(described("create_complete")))))
+    pin = {"host_key": old, "cluster": cluster_identity(described("create_complete"))}
+    verdict, reason, head, fleet_check = check(head_nodes, sinfo("sinfo_idle"), recreated(described("create_complete")),
+                                               num_nodes=1, pin=pin)
     assert verdict == READY, reason
-    assert first_contact == [("198.51.100.44", 2222)]
-    assert head["host_key"] == HOST_KEY and trigger._seen_head["host_key"] == HOST_KEY
-    assert trigger.host_key_cluster == cluster_identity(recreated(described("create_complete")))
-    assert trigger.host_key_cluster != cluster_identity(described("create_complete"))
+    assert head_nodes.fetched == [("198.51.100.44", 2222)]
+    assert head["host_key"] == HOST_KEY and head_nodes.seen[-1]["host_key"] == HOST_KEY
+    assert fleet_check.pin == {"host_key": HOST_KEY, "cluster": cluster_identity(recreated(described("create_complete")))}
 
 
-def test_kept_host_key_is_never_replaced_by_first_contact(first_contact):
+def test_kept_host_key_is_never_replaced_by_first_contact(head_nodes):
     """train's auto-resume keeps wait_for_fleet's key: it is used without a cluster identity to match."""
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY, keep_host_key=True)
-    verdict, reason, head = asyncio.run(trigger.check_once(FakePcluster(recreated(described("create_complete")))))
+    verdict, reason, head, _ = check(head_nodes, sinfo("sinfo_idle"), recreated(described("create_complete")),
+                                     pin={"host_key": HOST_KEY}, keep_host_key=True)
     assert verdict == READY, reason
-    assert first_contact == [] and head["host_key"] == HOST_KEY
+    assert head_nodes.fetched == [] and head["host_key"] == HOST_KEY
+    with pytest.raises(ValueError, match="pinned host_key"):
+        check(head_nodes, sinfo("sinfo_idle"), described("create_complete"), keep_host_key=True)
+    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), host_key=HOST_KEY, keep_host_key=True)
     assert trigger.serialize()[1]["keep_host_key"] is True
-    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), keep_host_key=True)
-                                     .check_once(FakePcluster(described("create_complete"))))
-    assert verdict == FAIL and "pinned host_key" in reason
 
 
 def test_trigger_run_waits_then_fires(first_contact):
@@ -223,15 +278,13 @@ def test_trigger_run_waits_then_fires(first_contact):
     hook_kwargs = []
 
     async def first():
-        import ultracluster.hooks.parallelcluster as pc
-
-        original = pc.ParallelClusterHook
-        pc.ParallelClusterHook = lambda **kwargs: (hook_kwargs.append(kwargs), pcluster)[1]
+        original = fleet_trigger_module.ParallelClusterHook
+        fleet_trigger_module.ParallelClusterHook = lambda **kwargs: (hook_kwargs.append(kwargs), pcluster)[1]
         try:
             async for event in trigger.run():
                 return event.payload
         finally:
-            pc.ParallelClusterHook = original
+            fleet_trigger_module.ParallelClusterHook = original
 
     event = asyncio.run(first())
     assert event["status"] == "success" and event["head_node"]["host_key"] == HOST_KEY
@@ -242,8 +295,6 @@ def test_trigger_run_waits_then_fires(first_contact):
 
 
 def test_a_failing_describe_cluster_backs_off_and_a_success_resets_the_rate(first_contact, monkeypatch):
-    import ultracluster.hooks.parallelcluster as pc
-    import ultracluster.triggers.fleet as fleet_module
     from ultracluster.parsers.pcluster import PclusterError
 
     throttled = PclusterError("An error occurred (Throttling) when calling the DescribeStacks operation: Rate exceeded")
@@ -254,8 +305,8 @@ def test_a_failing_describe_cluster_backs_off_and_a_success_resets_the_rate(firs
     async def sleep(seconds):
         sleeps.append(seconds)
 
-    monkeypatch.setattr(fleet_module, "asyncio", SimpleNamespace(sleep=sleep))
-    monkeypatch.setattr(pc, "ParallelClusterHook", lambda **_: pcluster)
+    monkeypatch.setattr(fleet_trigger_module, "asyncio", SimpleNamespace(sleep=sleep))
+    monkeypatch.setattr(fleet_trigger_module, "ParallelClusterHook", lambda **_: pcluster)
     trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), poke_interval=10)
 
     async def first():
@@ -321,13 +372,13 @@ def test_sensor_complete_returns_head_node_and_keeps_key():
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
     store = DictStore()
     head = {"cluster_name": "uc-run1", "address": "127.100.1.1", "host_key": HOST_KEY, "partition": "compute1"}
-    event = {"status": "success", "head_node": head, "message": "ok", "host_key": HOST_KEY, "host_key_cluster": "arn|t|i"}
-    result = sensor.execute_complete(ctx(store), event)
+    ready = event("complete", "ok", head_node=head, host_key=HOST_KEY, host_key_cluster="arn|t|i")
+    result = sensor.execute_complete(ctx(store), ready)
     assert datetime.fromisoformat(result.pop("ready_at")).tzinfo is not None  # idle fleet time starts here
     assert result == head
     assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": "arn|t|i"}
     with pytest.raises(AirflowException, match="PROTECTED"):
-        sensor.execute_complete(ctx(store), {"status": "failed", "message": "Compute fleet of x is PROTECTED"})
+        sensor.execute_complete(ctx(store), event("fleet_protected", "Compute fleet of x is PROTECTED"))
 
 
 @pytest.mark.parametrize("num_nodes", [0, "x", -1])
@@ -339,34 +390,30 @@ def test_sensor_rejects_bad_num_nodes(num_nodes):
 # ------------------------------------------------------------- nodes that never come up
 
 
-def test_fails_early_when_nodes_fail_to_power_up(first_contact):
+def test_fails_early_when_nodes_fail_to_power_up(head_nodes):
     # Real Slurm on the local UltraCluster with insufficient capacity: both dynamic nodes down# with pcluster's reason.
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_power_up_failed")), num_nodes=2, poke_interval=0)
-    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
-    assert verdict == FAIL
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_power_up_failed"), described("create_complete"))
+    assert verdict == FAILED
     assert reason.startswith("Nodes failed to power up: compute1-dy-trn1-1 (down#: (Code:InsufficientInstanceCapacity)"
                              "Failure when resuming nodes); compute1-dy-trn1-2 (down#: "), reason
 
 
-def test_a_node_powering_down_after_a_failed_resume_is_not_available(first_contact):
+def test_a_node_powering_down_after_a_failed_resume_is_not_available(head_nodes):
     # ParallelCluster powers a failed node down (idle%, then idle~) keeping the reason: not a node to wait for.
     captured = sinfo("sinfo_power_up_failed").stdout.splitlines()
     lines = [captured[0].replace("|down#|", "|idle%|").replace("(Code:InsufficientInstanceCapacity)", ""),
              "compute1*|up|1|idle~|compute1-dy-trn1-2|none"]
     out = CommandResult(0, "\n".join(lines) + "\n", "")
-    verdict, reason, _ = asyncio.run(make_trigger(SinfoHeadNode(out), num_nodes=2)
-                                     .check_once(FakePcluster(described("create_complete"))))
-    assert verdict == FAIL and "compute1-dy-trn1-1 (idle%: Failure when resuming nodes)" in reason, reason
-    assert asyncio.run(make_trigger(SinfoHeadNode(out), num_nodes=1)
-                       .check_once(FakePcluster(described("create_complete"))))[0] == READY
+    verdict, reason, _, _ = check(head_nodes, out, described("create_complete"), num_nodes=2)
+    assert verdict == FAILED and "compute1-dy-trn1-1 (idle%: Failure when resuming nodes)" in reason, reason
+    assert check(head_nodes, out, described("create_complete"), num_nodes=1)[0] == READY
 
 
-def test_nodes_that_stay_unusable_fail_the_wait_after_the_grace(first_contact):
+def test_nodes_that_stay_unusable_fail_the_wait_after_the_grace(head_nodes):
     # compute1: mixed# and allocated (busy), idle~, drained: 3 nodes could come free, so the wait goes on...
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_powering_up")), num_nodes=3)
-    assert asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))[0] == WAIT
+    assert check(head_nodes, sinfo("sinfo_powering_up"), described("create_complete"), num_nodes=3)[0] == PENDING
     # ...until the drained node has stayed so for stuck_after_s.
-    trigger = make_trigger(SinfoHeadNode(sinfo("sinfo_powering_up")), num_nodes=3, stuck_after_s=0)
-    verdict, reason, _ = asyncio.run(trigger.check_once(FakePcluster(described("create_complete"))))
-    assert verdict == FAIL and "compute1-st-trn1-2 (drained: Kernel panic on boot)" in reason, reason
-    assert trigger.serialize()[1]["stuck_after_s"] == 0
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_powering_up"), described("create_complete"), num_nodes=3,
+                                  stuck_after_s=0)
+    assert verdict == FAILED and "compute1-st-trn1-2 (drained: Kernel panic on boot)" in reason, reason
+    assert make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), stuck_after_s=0).serialize()[1]["stuck_after_s"] == 0

@@ -1,7 +1,6 @@
 """Operator extra links (registered by the provider: tests/unit/test_provider.py)."""
 from __future__ import annotations
 
-
 from ultracluster.links import (
     CloudFormationStackLink,
     ClusterConfigLink,

@@ -15,11 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.test_wait_command import stand_in
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import HeadNodeHook
 from ultracluster.parsers.slurm import parse_wait_end
+import ultracluster.triggers.fleet as fleet_trigger_module
 from ultracluster.triggers.fleet import ComputeFleetTrigger
-from tests.unit.test_wait_command import stand_in
 
 
 def when(condition, action) -> threading.Thread:
@@ -178,9 +179,7 @@ def fleet(head, monkeypatch):
         trigger = ComputeFleetTrigger(**{**params, **kwargs})
 
         async def first():
-            import ultracluster.hooks.parallelcluster as pc
-
-            monkeypatch.setattr(pc, "ParallelClusterHook", lambda **_: pcluster)
+            monkeypatch.setattr(fleet_trigger_module, "ParallelClusterHook", lambda **_: pcluster)
             async for event in trigger.run():
                 return event.payload
 
@@ -207,7 +206,7 @@ def test_a_node_failing_to_power_up_is_judged_by_the_fail_fast_rules(head, fleet
     thread = when(lambda: sinfo_runs(head) >= 2, lambda: head.state.write_text(captured("sinfo_power_up_failed")))
     event = fleet.run(num_nodes=3, wait_window_s=600)  # waits: 2 idle~ and 2 busy nodes for 3
     thread.join()
-    assert event["status"] == "failed", event
+    assert (event["status"], event["reason"]) == ("failed", "power_up_failed"), event
     assert event["message"].startswith("Nodes failed to power up: compute1-dy-trn1-1 (down#: (Code:Insufficient")
     assert len(fleet.conns) == 1 and len(fleet.conns[0].processes) == 1
 
@@ -228,6 +227,6 @@ def test_a_drained_node_fails_the_wait_when_stuck_not_at_the_windows_end(head, f
     # drained node has stayed so for stuck_after_s; the 600 s window is cut to that.
     head.state.write_text(captured("sinfo_powering_up"))
     event = fleet.run(wait_window_s=600, stuck_after_s=1)
-    assert event["status"] == "failed" and "stayed down, drained or not responding" in event["message"], event
+    assert (event["status"], event["reason"]) == ("failed", "nodes_stuck") and "stayed down, drained or not responding" in event["message"], event
     assert "compute1-st-trn1-2 (drained: Kernel panic on boot)" in event["message"]
     assert len(fleet.conns) == 1 and len(fleet.conns[0].processes) >= 1

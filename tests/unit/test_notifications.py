@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from aiosmtpd.controller import Controller
 
+from tests.unit.test_slurm_job import training_dir  # noqa: F401 - fixture
 from ultracluster import notifications
 from ultracluster.notifications import notify
-from tests.unit.test_slurm_job import training_dir  # noqa: F401 - fixture
+from ultracluster.run.events import event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -163,7 +164,7 @@ def test_a_budget_stop_mails_at_once_and_still_fails_the_task(monkeypatch, smtp_
     message = "budget guard: projected cost $12.00 exceeds max_cost_usd $10.00; job 9 cancelled"
     with pytest.raises(AirflowFailException, match="budget guard"):
         operator(ReplayHeadNode(), training_dir).execute_complete(
-            context(), {"status": "budget", "job_id": "9", "state": "CANCELLED", "message": message})
+            context(), event("budget_exceeded", message, job_id="9", state="CANCELLED"))
     [(_, msg)] = inbox.messages
     assert msg["Subject"] == "ultracluster: budget stop in trn1_bert_pretrain run manual__2026-11-30T08:00:00+00:00"
     body = next(p for p in msg.walk() if p.get_content_type() == "text/html").get_payload(decode=True).decode()
@@ -179,7 +180,7 @@ def test_other_job_failures_send_no_budget_mail(monkeypatch, smtp_server, traini
     _smtp_conn(monkeypatch, port)
     with pytest.raises(AirflowFailException):
         operator(ReplayHeadNode(), training_dir).execute_complete(
-            context(), {"status": "host_key_mismatch", "job_id": "9", "message": "host key not pinned"})
+            context(), event("host_key_mismatch", "host key not pinned", job_id="9"))
     assert inbox.messages == []
 
 

@@ -12,7 +12,16 @@ import pytest
 
 from tests.fixtures.pcluster.fake_pcluster import RECORDED, FakePcluster
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
-from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterNotFoundError, ClusterValidationError, PclusterError, cluster_status, failures, head_node_address, parse_cli_result
+from ultracluster.parsers.pcluster import (
+    ClusterAlreadyExistsError,
+    ClusterNotFoundError,
+    ClusterValidationError,
+    PclusterError,
+    cluster_status,
+    failures,
+    head_node_address,
+    parse_cli_result,
+)
 from ultracluster.run.tags import tags_dict
 
 CONN_ID = "pcluster_unit"
@@ -229,7 +238,12 @@ def test_throttling_or_a_crash_is_not_a_config_refusal():
 
 def test_stack_events_log_streams_and_log_events(fake):
     from ultracluster.parsers.pcluster import (
-        HEAD_NODE_LOG_FILTER, bootstrap_log_stream, failed_stack_events, is_config_failure, log_event_messages)
+        HEAD_NODE_LOG_FILTER,
+        bootstrap_log_stream,
+        failed_stack_events,
+        is_config_failure,
+        log_event_messages,
+    )
 
     fake.respond("get-cluster-stack-events", "get_cluster_stack_events_create_failed.json")
     fake.respond("list-cluster-log-streams", "list_cluster_log_streams_head_node.json")

@@ -13,6 +13,7 @@ from tests.fixtures.pcluster.fake_pcluster import FIXTURES, FakePcluster
 from ultracluster.operators.pcluster import CreateClusterOperator
 from ultracluster.operators.pcluster_delete import DeleteClusterOperator
 from ultracluster.parsers.pcluster import ClusterAlreadyExistsError, ClusterValidationError
+from ultracluster.run.events import event
 from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
 REGION = "us-east-1"
@@ -133,7 +134,7 @@ def test_a_cluster_being_deleted_is_waited_for_then_created_again(env):
         "ClusterDeleteComplete", "create_after_delete")
     assert "create-cluster" not in env.verbs()
     with pytest.raises(TaskDeferred) as again:
-        op.create_after_delete(make_context(), {"status": "success", "cluster_status": "DELETE_COMPLETE"})
+        op.create_after_delete(make_context(), event("complete", cluster_status="DELETE_COMPLETE"))
     assert again.value.trigger.waiter_name == "ClusterCreateComplete"
     assert env.verbs().count("create-cluster") == 1
 
@@ -153,9 +154,8 @@ def test_validation_errors_are_raised_and_nothing_is_deleted(env):
     assert "delete-cluster" not in env.verbs()
 
 
-CREATE_FAILED_EVENT = {"status": "failure", "cluster_status": "CREATE_FAILED",
-                      "message": "cluster uc-test reached CREATE_FAILED",
-                      "failures": [{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}]}
+CREATE_FAILED_EVENT = event("cluster_failed", "cluster uc-test reached CREATE_FAILED", cluster_status="CREATE_FAILED",
+                            failures=[{"failureCode": "OnNodeConfiguredExecutionFailure", "failureReason": "Failed"}])
 
 
 DIAGNOSTIC_VERBS = ["get-cluster-stack-events", "list-cluster-log-streams", "get-cluster-log-events"]
@@ -226,7 +226,7 @@ def test_a_create_failed_the_config_does_not_explain_is_retried(env, tmp_path):
         op.execute(make_context())
     assert deferred.value.kwargs["deterministic"] is False
     with pytest.raises(RuntimeError, match="HeadNodeBootstrapFailure: Cluster creation timed out. \\(the cluster was"):
-        op.fail_after_delete(make_context(), {"status": "success"}, **deferred.value.kwargs)
+        op.fail_after_delete(make_context(), event("complete"), **deferred.value.kwargs)
 
 
 def test_create_failed_whose_delete_fails_reports_both(env):
@@ -401,8 +401,8 @@ def test_success_event_returns_the_cluster(env):
     recorded = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
     # The trigger's event carries the public description: its creation time too (the budget guard's
     # "since" and the report's cluster wall time come from it).
-    event = {"status": "success", "cluster_status": "CREATE_COMPLETE", "description": public_description(recorded)}
-    result = create_op().execute_complete(make_context(), event)
+    done = event("complete", cluster_status="CREATE_COMPLETE", description=public_description(recorded))
+    result = create_op().execute_complete(make_context(), done)
     assert result["head_node"] == recorded["headNode"] and result["config_s3_uri"] == CONFIG["config_s3_uri"]
     assert result["created_at"] == recorded["creationTime"] == "2026-11-30T08:01:16.101Z"
     assert env.calls() == []
@@ -448,8 +448,8 @@ def test_delete_leaves_another_runs_cluster(env):
 def test_delete_failed_is_retried_then_reported(env):
     env.respond("describe-cluster", "describe_cluster_delete_failed.json")
     env.respond("delete-cluster", "delete_cluster.json")
-    failed = {"status": "failure", "cluster_status": "DELETE_FAILED", "message": "reached DELETE_FAILED",
-              "description": {"cloudformationStackArn": "arn:aws:cloudformation:us-east-1:1:stack/uc-test/1"}}
+    failed = event("cluster_failed", "reached DELETE_FAILED", cluster_status="DELETE_FAILED",
+                   description={"cloudformationStackArn": "arn:aws:cloudformation:us-east-1:1:stack/uc-test/1"})
     with pytest.raises(TaskDeferred) as deferred:
         delete_op(max_delete_attempts=2).execute_complete(make_context(), failed, delete_attempt=1)
     assert deferred.value.kwargs == {"delete_attempt": 2}
@@ -584,8 +584,8 @@ def test_cluster_lifecycle_on_the_local_ultracluster(local_aws):
 
 @pytest.mark.localcluster
 def test_create_failed_on_the_local_ultracluster_cleans_up(local_aws, capsys):
-    from ultracluster.parsers.pcluster import ClusterNotFoundError
     from ultracluster.hooks.parallelcluster import ParallelClusterHook
+    from ultracluster.parsers.pcluster import ClusterNotFoundError
     from ultracluster.run.profiles import load_profile
 
     params = dict(load_profile("local"), extra_tags={"local-ultracluster:fail-create": "OnNodeConfiguredExecutionFailure"})

@@ -24,9 +24,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from ultracluster.run.plan import ConfigValidationError
-from ultracluster.operators.cluster_config import RenderClusterConfigOperator, render_cluster_config, validate_cluster_config
+from ultracluster.operators.cluster_config import (
+    RenderClusterConfigOperator,
+    render_cluster_config,
+    validate_cluster_config,
+)
 from ultracluster.params import dag_params
+from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.form import IMAGE_OS
 from ultracluster.run.profiles import include_dir, load_profile
 from ultracluster.run.s3 import profile_sse
@@ -175,13 +179,13 @@ def test_image_os_param_offers_the_ubuntu_releases_pcluster_accepts(real_support
     # Every value offered is accepted; of what is accepted, the Ubuntu releases are offered (the node
     # script installs Neuron with apt, so alinux/rhel/rocky are left out on purpose).
     assert set(IMAGE_OS) <= set(accepted)
-    assert IMAGE_OS == [name for name in accepted if name.startswith("ubuntu")]
-    assert dag_params(load_profile("production"))["image_os"].schema["enum"] == IMAGE_OS
+    assert list(IMAGE_OS) == [name for name in accepted if name.startswith("ubuntu")]
+    assert dag_params(load_profile("production"))["image_os"].schema["enum"] == list(IMAGE_OS)
 
 
 def test_project_schema_and_profiles_use_the_params_os_list():
     schema = json.loads(SCHEMA.read_text())
-    assert schema["properties"]["Image"]["properties"]["Os"]["enum"] == IMAGE_OS
+    assert schema["properties"]["Image"]["properties"]["Os"]["enum"] == list(IMAGE_OS)
     for name in ("production", "local"):
         assert load_profile(name)["image_os"] in IMAGE_OS
     with pytest.raises(ConfigValidationError, match="Image/Os"):
@@ -273,7 +277,7 @@ def test_real_dryrun_refusal_fails_render_configs_check(real_hook, moto_account)
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from ultracluster.operators._config_dryrun import dryrun_cluster_config
+    from ultracluster.operators.cluster_config import dryrun_cluster_config
 
     def foreign_subnet(config):
         queue = config["Scheduling"]["SlurmQueues"][0]

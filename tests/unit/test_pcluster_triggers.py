@@ -66,14 +66,14 @@ def test_create_wait_reports_failures(fake):
     fake.respond("describe-cluster", "describe_cluster_create_in_progress.json",
                  "describe_cluster_create_failed.json")
     [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
-    assert event["status"] == "failure" and event["cluster_status"] == "CREATE_FAILED"
+    assert (event["status"], event["reason"], event["cluster_status"]) == ("failed", "cluster_failed", "CREATE_FAILED")
     assert event["failures"][0]["failureCode"] == "OnNodeConfiguredExecutionFailure"
 
 
 def test_create_wait_fails_when_cluster_vanishes(fake):
     fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
     [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
-    assert event["status"] == "failure" and "does not exist" in event["message"]
+    assert (event["status"], event["reason"]) == ("failed", "cluster_gone") and "does not exist" in event["message"]
 
 
 def test_delete_wait_counts_gone_as_success(fake):
@@ -86,13 +86,13 @@ def test_delete_wait_counts_gone_as_success(fake):
 def test_delete_wait_reports_delete_failed(fake):
     fake.respond("describe-cluster", "describe_cluster_delete_failed.json")
     [event] = asyncio.run(collect(status_trigger("ClusterDeleteComplete")))
-    assert event["status"] == "failure" and event["cluster_status"] == "DELETE_FAILED"
+    assert (event["status"], event["reason"], event["cluster_status"]) == ("failed", "cluster_failed", "DELETE_FAILED")
 
 
 def test_transient_cli_errors_are_retried_then_reported(fake):
     fake.respond("describe-cluster", ("error_config_file_not_found.json", 1))
     [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=20)))
-    assert event["status"] == "error"
+    assert (event["status"], event["reason"]) == ("error", "api_error")
     assert fake.verbs().count("describe-cluster") == 5  # MAX_CONSECUTIVE_ERRORS
 
 
@@ -125,7 +125,7 @@ def test_failed_describes_back_off_and_a_success_resets_the_interval(fake, monke
 def test_wait_times_out_after_max_attempts(fake):
     fake.respond("describe-cluster", "describe_cluster_create_in_progress.json")
     [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=3)))
-    assert event["status"] == "timeout"
+    assert (event["status"], event["reason"]) == ("error", "timeout")
     assert fake.verbs() == ["describe-cluster"] * 3
 
 
@@ -262,7 +262,8 @@ def test_stack_on_kill_while_still_deferred_deletes_nothing(aws, task_state):
 def test_stack_create_wait_succeeds(aws):
     aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
     [event] = asyncio.run(collect(round_trip(stack_trigger("stack_create_complete"))))
-    assert event == {"status": "success", "stack_name": "uc-vpc-test", "message": ""}
+    assert event == {"status": "success", "reason": "complete", "stack_name": "uc-vpc-test",
+                     "message": "Stack uc-vpc-test: done"}
 
 
 def test_stack_delete_wait_counts_missing_stack_as_success(aws):
@@ -272,19 +273,19 @@ def test_stack_delete_wait_counts_missing_stack_as_success(aws):
 
 def test_stack_create_wait_on_missing_stack_is_a_terminal_failure(aws):
     [event] = asyncio.run(collect(stack_trigger("stack_create_complete", waiter_max_attempts=10)))
-    assert event["status"] == "error" and event["stack_name"] == "uc-vpc-test"
+    assert (event["status"], event["reason"], event["stack_name"]) == ("failed", "stack_failed", "uc-vpc-test")
     assert "Stack creation failed: uc-vpc-test" in event["message"]
 
 
-@pytest.mark.parametrize("waiter, status, attempts, message", [
-    ("stack_delete_complete", "DELETE_FAILED", 10, "Stack deletion failed: uc-vpc-test"),  # a terminal state
-    ("stack_create_complete", "CREATE_IN_PROGRESS", 2, "max attempts reached"),  # out of attempts
+@pytest.mark.parametrize("waiter, status, attempts, ended, message", [
+    ("stack_delete_complete", "DELETE_FAILED", 10, ("failed", "stack_failed"), "Stack deletion failed: uc-vpc-test"),
+    ("stack_create_complete", "CREATE_IN_PROGRESS", 2, ("error", "timeout"), "max attempts reached"),
 ])
-def test_stack_wait_ends_in_an_error_event(aws, waiter, status, attempts, message):
+def test_stack_wait_ends_in_a_failed_or_error_event(aws, waiter, status, attempts, ended, message):
     from moto.cloudformation.models import cloudformation_backends
 
     aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
     [stack] = cloudformation_backends["123456789012"]["us-east-1"].stacks.values()
     stack.status = status
     [event] = asyncio.run(collect(stack_trigger(waiter, waiter_max_attempts=attempts)))
-    assert event["status"] == "error" and message in event["message"]
+    assert (event["status"], event["reason"]) == ended and message in event["message"]

@@ -6,7 +6,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-
 from airflow.sdk.exceptions import AirflowFailException
 
 from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
@@ -100,7 +99,9 @@ def test_every_problem_fails_the_run_once_and_names_its_param(s3):
     with pytest.raises(AirflowFailException) as failed:
         run(params)
     message = str(failed.value)
-    assert message.startswith("preflight found 4 problem(s), nothing was created:\n- ")
+    # The count is the number of lines listed (the cross-field rules count one each).
+    assert message.startswith("preflight found 5 problems, nothing was created:\n- ")
+    assert message.count("\n- ") == 5
     for expected in ("num_nodes (3) exceeds max_nodes (2)", "extra_tags: key 'aws:owner' uses a reserved prefix",
                      "key_name: no key pair 'nobody' in us-east-1",
                      "instance_type: trn1.32xlarge is not offered in availability zone id use1-az1"):

@@ -12,8 +12,16 @@ import pytest
 
 from ultracluster.reaper.classify import judge
 from ultracluster.run.tags import (
-    CREATED_BY_TAG, DAG_ID_TAG, EXPIRES_AT_TAG, RUN_ID_TAG, expires_at, ownership_tags, parse_expiry, run_tags,
-    s3_tagging, tag_problems,
+    CREATED_BY_TAG,
+    DAG_ID_TAG,
+    EXPIRES_AT_TAG,
+    RUN_ID_TAG,
+    expires_at,
+    ownership_tags,
+    parse_expiry,
+    run_tags,
+    s3_tagging,
+    tag_problems,
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ultracluster.run.names import slurm_job_name
 from ultracluster import remote_commands as rc
 from ultracluster.parsers.progress import error_reasons, parse_launch
+from ultracluster.run.names import JOB_NAME_MAX, slurm_job_name
 
 HOSTILE = [
     "a'b; touch PWNED",
@@ -267,7 +267,7 @@ def test_job_name_is_deterministic_safe_and_distinct():
     assert a != slurm_job_name("trn1_bert_pretrain", "manual__2026-11-30T08:00:00+00:00", "parallel_compile")
     hostile = slurm_job_name("d'; rm -rf /", "r$(id)", "t`x`")
     assert shlex.quote(hostile) == hostile
-    assert len(slurm_job_name("d" * 500, "r", "t")) <= rc.JOB_NAME_MAX
+    assert len(slurm_job_name("d" * 500, "r", "t")) <= JOB_NAME_MAX
 
 
 def test_checksum_manifest_verification(tmp_path):

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from ultracluster.run.cost import PriceError, estimate, load_prices, run_cost
+from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.unit.test_results import OutletEvents
 from ultracluster.operators.scaling_report import ScalingReportOperator, requested_sweeps
 from ultracluster.report.plot import DPI, SIZE_INCHES, plot_png
 from ultracluster.report.records import run_record
 from ultracluster.report.render import render_html, render_markdown, report_json
 from ultracluster.report.table import build_rows, make_report
-from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
-from tests.unit.test_results import OutletEvents
+from ultracluster.run.cost import PriceError, estimate, load_prices, run_cost
 
 PRICES = load_prices()
 PRODUCTION_PLAN = {"instance_type": "trn1.32xlarge", "num_nodes": 16, "scaling_mode": "strong", "batch_size": 16,

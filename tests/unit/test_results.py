@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-import ultracluster.hooks.head_node as head_node_module
-from ultracluster.run.names import safe_run_id
+from tests.head_node_patch import use_head_node
+from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
 from ultracluster.operators.results import CollectResultsOperator, summary_table
 from ultracluster.run.contracts import extract_metrics, select_artifacts
-from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
+from ultracluster.run.names import safe_run_id
 
 HEAD = {"cluster_name": "c1", "address": "127.100.1.1", "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"}
 
@@ -119,7 +119,7 @@ def artifacts(moto_server, monkeypatch):
 @pytest.fixture
 def head(monkeypatch):
     shell = LocalShellHeadNode()
-    monkeypatch.setattr(head_node_module, "HeadNodeHook", lambda **_: shell)
+    use_head_node(monkeypatch, shell)
     return shell
 
 

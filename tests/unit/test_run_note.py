@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ultracluster.run.cost import load_prices
 from ultracluster.report.records import XCOM_TASKS
 from ultracluster.report.run_note import NOTE_MAX_CHARS, NOTE_TITLE, merged_note, note_text
 from ultracluster.report.summary import run_summary, summary_lines
+from ultracluster.run.cost import load_prices
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "xcoms" / "trn1_bert_pretrain_success.json"
 DAG_ID = "trn1_bert_pretrain"
@@ -62,10 +62,9 @@ def test_a_user_note_is_kept_and_an_earlier_summary_replaced():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """Airflow's tables in a SQLite file (the note is written on a connection of its own)."""
-    from sqlalchemy import create_engine
-
     from airflow.models import import_all_models
     from airflow.models.base import Base
+    from sqlalchemy import create_engine
 
     import_all_models()
     engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('metadata') / 'airflow.db'}")
@@ -111,10 +110,9 @@ def end_as_the_scheduler_does(session, dag_run, state: str, before_commit=lambda
 
 
 def stored_note(engine, run_id: str):
+    from airflow.models.dagrun import DagRun
     from sqlalchemy import select
     from sqlalchemy.orm import Session
-
-    from airflow.models.dagrun import DagRun
 
     with Session(engine) as session:
         return session.scalars(select(DagRun).where(DagRun.run_id == run_id)).one().note

@@ -16,9 +16,13 @@ import pytest
 import yaml
 
 from tests.unit.test_config import SCHEMA, make_context, render_op
+from ultracluster.operators.cluster_config import (
+    RenderClusterConfigOperator,
+    render_cluster_config,
+    validate_cluster_config,
+)
+from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.form import LOCAL_STORAGE_MOUNT_DIR, LOG_RETENTION_DAYS
-from ultracluster.run.plan import ConfigValidationError
-from ultracluster.operators.cluster_config import RenderClusterConfigOperator, render_cluster_config, validate_cluster_config
 from ultracluster.run.profiles import include_dir, load_profile
 
 REPO = Path(__file__).resolve().parents[2]

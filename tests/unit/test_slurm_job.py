@@ -11,21 +11,21 @@ import json
 import re
 import shlex
 import types
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
-
-from datetime import datetime, timezone
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from ultracluster.run.names import slurm_job_name
+from ultracluster.run.events import event
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
-from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 from ultracluster.operators.slurm import SlurmJobOperator
+from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
+from ultracluster.run.names import slurm_job_name
 from ultracluster.triggers import slurm as slurm_trigger_module
 from ultracluster.triggers.slurm import SlurmJobTrigger
 
@@ -246,10 +246,10 @@ def test_the_budget_guard_skips_the_warm_up_line_and_needs_its_inputs(training_d
                               job_id="7", job_dir="/fsx/j", log_path="/fsx/j/slurm-7.out",
                               budget={"max_usd": 1.0, "usd_per_hour": 3600.0, "since": since})
     line = "UC_PROGRESS step={} total=100 loss=7.000000 lr=0.000100 throughput=10.00 eta_s=60\n"
-    trigger._consume_log(-1, line.format(1).encode(), 1 << 20)
-    assert trigger._over_budget is None  # the first line's ETA includes warm-up
-    trigger._consume_log(-1, line.format(2).encode(), 1 << 20)
-    assert trigger._over_budget.startswith("budget guard: projected cost $")
+    trigger.job_log.consume(-1, line.format(1).encode(), 1 << 20)
+    assert trigger.job_log.over_budget is None  # the first line's ETA includes warm-up
+    trigger.job_log.consume(-1, line.format(2).encode(), 1 << 20)
+    assert trigger.job_log.over_budget.startswith("budget guard: projected cost $")
     # A guard without its rate or start (e.g. no creation time) is off, not a crash of the training.
     off = operator(ReplayHeadNode(), training_dir, budget={"max_usd": 5.0, "usd_per_hour": None, "since": since})
     assert off._budget() is None
@@ -397,11 +397,11 @@ def test_failure_message_has_state_exit_code_and_log_tail(training_dir):
     tail = "UC_PROGRESS step=3 total=40 loss=7.5\nTraceback (most recent call last):\nRuntimeError: boom\n"
     replay = ReplayHeadNode(tail=[CommandResult(0, tail, "")])
     op = operator(replay, training_dir)
-    event = {"status": "failed", "job_id": "4", "state": "FAILED", "exit_code": 3, "signal": 0,
-             "reason": "NonZeroExitCode", "log_offset": 10}
+    failed = event("job_failed", job_id="4", state="FAILED", exit_code=3, signal=0, job_reason="NonZeroExitCode",
+                   log_offset=10)
     store = DictStore()
     with pytest.raises(AirflowException) as error:
-        op.execute_complete(context(store), event)
+        op.execute_complete(context(store), failed)
     text = str(error.value)
     assert "Slurm job 4 ended FAILED" in text and "exit code 3" in text and "RuntimeError: boom" in text
     assert replay.calls[0].description == "tail -n 40 /fsx/jobs/run1/train/slurm-4.out"
@@ -415,7 +415,7 @@ def test_the_jobs_own_uc_error_fails_at_once_without_retries(training_dir):
     op = operator(ReplayHeadNode(tail=[CommandResult(0, tail, "")]), training_dir)
     with pytest.raises(AirflowFailException, match=r"refused its input \(UC_ERROR\): GRAD_ACCUM_USTEPS=3 is not "
                                                    r"divisible by 2 nodes"):
-        op.execute_complete(context(), {"status": "failed", "job_id": "9", "state": "FAILED", "exit_code": 2})
+        op.execute_complete(context(), event("job_failed", job_id="9", state="FAILED", exit_code=2))
 
 
 def test_a_host_key_mismatch_seen_by_the_trigger_fails_at_once(training_dir):
@@ -425,9 +425,9 @@ def test_a_host_key_mismatch_seen_by_the_trigger_fails_at_once(training_dir):
     op = operator(replay, training_dir)
     ctx = context()
     with pytest.raises(AirflowFailException, match="not the key pinned"):
-        op.execute_complete(ctx, {"status": "host_key_mismatch", "job_id": "9",
-                                  "message": "head node 127.0.0.1 presented a host key that is not the key pinned"})
-    assert ctx["ti"].xcom[SlurmJobLink.key]["state"] == "host_key_mismatch"  # no Slurm state: the trigger's
+        op.execute_complete(ctx, event("host_key_mismatch", "head node 127.0.0.1 presented a host key that is not the "
+                                       "key pinned", job_id="9"))
+    assert ctx["ti"].xcom[SlurmJobLink.key]["state"] == "host_key_mismatch"  # no Slurm state: the event's reason
     assert replay.calls == []  # nothing more is asked of a head node that may not be ours
 
 
@@ -436,7 +436,7 @@ def test_every_failure_state_fails_the_task(training_dir, state):
     op = operator(ReplayHeadNode(tail=[OK]), training_dir)
     ctx = context()
     with pytest.raises(AirflowException, match=state):
-        op.execute_complete(ctx, {"status": "failed", "job_id": "8", "state": state, "exit_code": 0, "signal": 15})
+        op.execute_complete(ctx, event("job_failed", job_id="8", state=state, exit_code=0, signal=15))
     # The job page shows how it ended, though the task has no return value.
     assert (ctx["ti"].xcom[SlurmJobLink.key]["job_id"], ctx["ti"].xcom[SlurmJobLink.key]["state"]) == ("8", state)
 
@@ -445,8 +445,8 @@ def test_success_result_shape(training_dir):
     op = operator(ReplayHeadNode(), training_dir)
     ctx = context()
     ctx["ti"].start_date = datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)  # kept across the deferral
-    result = op.execute_complete(ctx, {"status": "success", "job_id": "7", "state": "COMPLETED", "exit_code": 0,
-                                       "results_path": "/fsx/jobs/run1/train/output_7/results.json", "log_offset": 5})
+    result = op.execute_complete(ctx, event("complete", job_id="7", state="COMPLETED", exit_code=0, log_offset=5,
+                                            results_path="/fsx/jobs/run1/train/output_7/results.json"))
     assert result.pop("started_at") == "2026-11-30T08:05:00+00:00"
     assert datetime.fromisoformat(result.pop("ended_at")) > datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)
     assert result == {
@@ -463,7 +463,7 @@ def test_on_kill_cancels_the_job(training_dir):
     op = operator(replay, training_dir)
     op.on_kill()
     assert replay.calls == []  # nothing submitted yet: nothing to cancel
-    op._job_id = "12"
+    op._running = (op.job(context()), "12")  # a worker-side wait on job 12
     op.on_kill()
     assert [argv(c) for c in replay.calls] == [("scancel", "12")]
 
@@ -535,7 +535,7 @@ def test_trigger_does_not_follow_a_job_id_that_now_names_another_job():
     """The async status check asks for the name as the sync one does (a rebuilt cluster reuses ids)."""
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")])
     event = run_trigger(trigger(job_id="3", job_name=TRAIN_NAME), replay)
-    assert event["status"] == "error" and "'uc-pending'" in event["message"], event
+    assert (event["status"], event["reason"]) == ("error", "job_renamed") and "'uc-pending'" in event["message"]
     # The same job followed under its own name ends normally.
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_completed")], read=[log_chunk(0, b"")])
     assert run_trigger(trigger(job_id="3", job_name="uc-pending"), replay)["status"] == "success"
@@ -544,9 +544,8 @@ def test_trigger_does_not_follow_a_job_id_that_now_names_another_job():
 def test_trigger_reports_failure_state_from_scontrol():
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_timeout")], read=[log_chunk(0, b"")])
     event = run_trigger(trigger(job_id="5"), replay)
-    assert (event["status"], event["state"], event["exit_code"], event["signal"], event["reason"]) == (
-        "failed", "TIMEOUT", 0, 15, "TimeLimit",
-    )
+    assert (event["status"], event["reason"], event["state"], event["exit_code"], event["signal"],
+            event["job_reason"]) == ("failed", "job_failed", "TIMEOUT", 0, 15, "TimeLimit")
 
 
 def test_trigger_rides_out_a_short_ssh_outage(monkeypatch):
@@ -562,7 +561,7 @@ def test_trigger_gives_up_after_outage_timeout(monkeypatch):
     replay = ReplayHeadNode()
     replay.unreachable_connects = 10**9
     event = run_trigger(trigger(outage_timeout=0.05), replay)
-    assert event["status"] == "error" and "unreachable" in event["message"]
+    assert (event["status"], event["reason"]) == ("error", "unreachable") and "unreachable" in event["message"]
 
 
 def test_trigger_on_kill_cancels_unless_still_deferred(monkeypatch):
@@ -615,33 +614,9 @@ def test_non_deferrable_waits_in_the_worker(training_dir):
         squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[CommandResult(0, "3\n", "")],
         scontrol=[named(recorded("scontrol_completed"), TRAIN_NAME)], read=[log_chunk(0, b"")],
     )
-    op = operator(replay, training_dir, deferrable=False)
-    original = op._trigger
-
-    def patched(job_id, job_name, offset):
-        t = original(job_id, job_name, offset)
-        t._slurm = lambda: SlurmHook(head_node_hook=replay)
-        return t
-
-    op._trigger = patched
+    op = operator(replay, training_dir, deferrable=False)  # the worker polls the same hook
     result = op.execute(context())
     assert result["state"] == "COMPLETED" and result["job_id"] == "3"
-
-
-def test_slurm_side_modules_keep_heavy_imports_out_of_parse_time():
-    """The DAG file imports these at parse time; jinja2/yaml come with Airflow itself."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys\n"
-        "import ultracluster.operators.slurm, ultracluster.operators.dataset, ultracluster.operators.results\n"
-        "import ultracluster.sensors.fleet, ultracluster.triggers.slurm, ultracluster.triggers.fleet\n"
-        "print(sorted(m for m in ('boto3', 'botocore', 'paramiko', 'asyncssh', 'torch') if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ultracluster.parsers import slurm as parse
+from ultracluster.run import fleet, states
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -39,7 +40,7 @@ def test_scontrol_show_job(name, state, exit_code, signal, reason):
     assert (info.state, info.exit_code, info.signal, info.reason) == (state, exit_code, signal, reason)
     assert info.job_id.isdigit()
     assert info.stdout_path and info.stdout_path.endswith(f"slurm-{info.job_id}.out")
-    assert info.terminal == (state in parse.TERMINAL_STATES)
+    assert info.terminal == (state in states.JOB_TERMINAL_STATES)
 
 
 def test_scontrol_comment_and_multiline_equal_oneliner():
@@ -83,7 +84,7 @@ def test_squeue_states_and_comment():
     assert parse.parse_squeue(fixture("squeue_none.out")) == []
     configuring = parse.parse_squeue(fixture("squeue_configuring.out"))
     assert "CONFIGURING" in {j.state for j in configuring}
-    assert all(parse.is_active(j.state) for j in configuring)
+    assert all(states.job_is_active(j.state) for j in configuring)
 
 
 def test_sinfo_node_states():
@@ -98,30 +99,30 @@ def test_sinfo_node_states():
 
 def test_capacity_idle_and_idle_tilde_count():
     nodes = parse.parse_sinfo(fixture("sinfo_idle.out"))
-    capacity = parse.partition_capacity(nodes, None, 4)
+    capacity = fleet.partition_capacity(nodes, None, 4)
     assert capacity.partition == "compute1"
     assert sorted(capacity.idle) == ["compute1-st-trn1-1", "compute1-st-trn1-2"]
     assert sorted(capacity.powered_down) == ["compute1-dy-trn1-1", "compute1-dy-trn1-2"]
     assert capacity.ready
-    assert not parse.partition_capacity(nodes, None, 5).ready
-    assert parse.partition_capacity(nodes, None, 5).impossible
-    assert parse.partition_capacity(nodes, "compute2", 1).ready
+    assert not fleet.partition_capacity(nodes, None, 5).ready
+    assert fleet.partition_capacity(nodes, None, 5).impossible
+    assert fleet.partition_capacity(nodes, "compute2", 1).ready
 
 
 def test_capacity_busy_nodes_mean_wait_not_fail():
     nodes = parse.parse_sinfo(fixture("sinfo_mix_alloc.out"))
-    capacity = parse.partition_capacity(nodes, "compute1", 3)
+    capacity = fleet.partition_capacity(nodes, "compute1", 3)
     assert sorted(capacity.busy) == ["compute1-st-trn1-1", "compute1-st-trn1-2"]
     assert not capacity.ready and not capacity.impossible
 
 
 def test_capacity_down_drained_is_impossible_with_reasons():
     nodes = parse.parse_sinfo(fixture("sinfo_down_drained.out"))
-    capacity = parse.partition_capacity(nodes, "compute1", 2)
+    capacity = fleet.partition_capacity(nodes, "compute1", 2)
     assert capacity.impossible and not capacity.ready
     text = capacity.describe()
     assert "Kernel panic on boot" in text and "Not responding" in text and "ResumeTimeout reached" in text
-    assert parse.partition_capacity(nodes, "compute1", 1).ready
+    assert fleet.partition_capacity(nodes, "compute1", 1).ready
 
 
 def test_powering_up_node_is_busy():
@@ -131,8 +132,8 @@ def test_powering_up_node_is_busy():
 
 
 def test_unknown_partition():
-    with pytest.raises(parse.SlurmParseError, match="not found"):
-        parse.partition_capacity(parse.parse_sinfo(fixture("sinfo_idle.out")), "gpu", 1)
+    with pytest.raises(fleet.PartitionNotFound, match="not found"):
+        fleet.partition_capacity(parse.parse_sinfo(fixture("sinfo_idle.out")), "gpu", 1)
 
 
 def test_sacct_without_slurmdbd():
@@ -144,9 +145,9 @@ def test_sacct_without_slurmdbd():
 
 def test_state_tables():
     for state in ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"):
-        assert state in parse.FAILURE_STATES and state in parse.TERMINAL_STATES
-    assert parse.base_state("CANCELLED by 0") == "CANCELLED"
-    assert parse.is_active("PENDING") and parse.is_active("COMPLETING") and not parse.is_active("COMPLETED")
+        assert state in states.JOB_FAILURE_STATES and state in states.JOB_TERMINAL_STATES
+    assert states.base_state("CANCELLED by 0") == "CANCELLED"
+    assert states.job_is_active("PENDING") and states.job_is_active("COMPLETING") and not states.job_is_active("COMPLETED")
 
 
 def test_exit_marker():

@@ -6,8 +6,16 @@ from datetime import datetime, timedelta, timezone
 import jsonschema
 import pytest
 
-from ultracluster.run.sweep import ORIGIN, SWEEP_SCHEMA, SweepError, describe_point, sweep_location, sweep_point, tick_index
 from ultracluster.run.plan import run_plan
+from ultracluster.run.sweep import (
+    ORIGIN,
+    SWEEP_SCHEMA,
+    SweepError,
+    describe_point,
+    sweep_location,
+    sweep_point,
+    tick_index,
+)
 
 WEEK = timedelta(days=7)
 SWEEP = {"id": "s1", "num_nodes": [1, 2, 4, 8, 16], "scaling_mode": "weak"}

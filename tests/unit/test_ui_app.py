@@ -30,12 +30,11 @@ JWT_SECRET = "ultracluster-ui-unit-test-secret-" + "x" * 40
 def metadata_db(tmp_path_factory):
     """Airflow's metadata tables in a SQLite file, behind airflow.settings' sessions (what
     provide_session, SessionDep and DagModel.get_team_name use)."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.orm import scoped_session, sessionmaker
-
     from airflow import settings
     from airflow.models import import_all_models
     from airflow.models.base import Base
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import scoped_session, sessionmaker
 
     import_all_models()
     engine = create_engine(f"sqlite:///{tmp_path_factory.mktemp('airflow-db') / 'airflow.db'}")
@@ -316,9 +315,9 @@ def test_job_facts_of_failed_tasks_and_of_one_not_yet_submitted():
 def test_the_plugin_registers_the_app_and_the_nav_entry():
     from importlib.metadata import entry_points
 
+    from airflow.api_fastapi.app import RESERVED_URL_PREFIXES
     from fastapi import FastAPI
 
-    from airflow.api_fastapi.app import RESERVED_URL_PREFIXES
     from ultracluster.ui.plugin import UltraClusterPlugin
 
     [entry] = [e for e in entry_points(group="airflow.plugins") if e.value.startswith("ultracluster.")]

@@ -5,8 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ultracluster.run.cost import instance_usage, load_prices
 from ultracluster.parsers.ec2 import instance_life, transition_time
+from ultracluster.run.cost import instance_usage, load_prices
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 

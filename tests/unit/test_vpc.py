@@ -6,14 +6,14 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.fixtures_localcluster import install_moto_stack_deletes
+from ultracluster.run.events import event
 from ultracluster.links import CloudFormationStackLink
-from ultracluster.run.tags import RUN_ID_TAG
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
+from ultracluster.run.tags import RUN_ID_TAG
 
 REGION = "us-east-1"
 RUN_ID = "manual__2026-11-30T08:00:00+00:00"
@@ -179,7 +179,7 @@ def test_a_slow_delete_waits_in_the_triggerer_and_a_delete_failed_is_retried_aft
     # The wait ended in DELETE_FAILED (e.g. a subnet still holding a terminated node's interface).
     set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
     with pytest.raises(TaskDeferred) as paused:
-        op.delete_complete(make_context(), {"status": "error", "message": "Stack deletion failed"},
+        op.delete_complete(make_context(), event("stack_failed", "Stack deletion failed"),
                            **deferred.value.kwargs)
     assert isinstance(paused.value.trigger, TimeDeltaTrigger)
     assert paused.value.trigger.moment is not None
@@ -196,7 +196,7 @@ def test_a_delete_that_keeps_failing_reports_the_failed_resources(aws):
     set_moto_stack_status("uc-vpc-test", "DELETE_FAILED")
     op = DeleteVpcStackOperator(task_id="delete_vpc", vpc=network, region_name=REGION, max_delete_attempts=2)
     with pytest.raises(RuntimeError, match=r"uc-vpc-test not deleted after 2 attempts: Stack deletion failed"):
-        op.delete_complete(make_context(), {"status": "error", "message": "Stack deletion failed"},
+        op.delete_complete(make_context(), event("stack_failed", "Stack deletion failed"),
                            stack_name="uc-vpc-test", attempt=2)
     assert [s["StackName"] for s in live_stacks(aws.cfn)] == ["uc-vpc-test"]  # kept, and said so
 
@@ -244,7 +244,7 @@ def test_a_stack_being_deleted_by_an_earlier_try_is_linked_before_the_wait(aws):
 def test_failed_create_event_cleans_up_and_fails(aws):
     network = create_op().execute(make_context())
     with pytest.raises(RuntimeError, match="Creating stack uc-vpc-test failed: boom. Clean-up deleted the stack"):
-        create_op().execute_complete(make_context(), {"status": "error", "message": "boom"})
+        create_op().execute_complete(make_context(), event("api_error", "boom"))
     assert resources_gone(aws, network)
 
 

@@ -54,9 +54,8 @@ class JobStatus:
         return self.state in JOB_SUCCESS_STATES
 
     def to_dict(self) -> dict[str, Any]:
-        """Event and XCom fields (``job_reason``: an event's ``reason`` is its code, run.events)."""
+        """An event's fields about the job's end (``job_reason``: an event's ``reason`` is its code)."""
         return {
-            "job_id": self.job_id,
             "state": self.state,
             "exit_code": self.exit_code,
             "signal": self.signal,

@@ -38,7 +38,7 @@ from ultracluster.run.form import (
 )
 from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
 from ultracluster.run.neuron_versions import render_on_node_configured
-from ultracluster.run.plan import ConfigValidationError
+from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.profiles import include_dir
 from ultracluster.run.s3 import check_sse, split_s3_uri
 from ultracluster.run.tags import NODES_TAG, run_tags, s3_tagging

@@ -100,7 +100,7 @@ def sbatch(
     """
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
-    env_words = env_words(job_env)
+    assignments = env_words(job_env)
     run = shlex.join(["srun", script_path])
     if launcher:
         run = _launch(launcher, launcher_dirs, launcher_fallback_env, script_path, job_dir)
@@ -126,7 +126,7 @@ def sbatch(
     if time_limit_minutes:
         argv += ["--time", str(int(time_limit_minutes))]
     argv += ["--wrap", wrap]
-    shell = shlex.join([*env_words, *argv])
+    shell = shlex.join([*assignments, *argv])
     return RemoteCommand(shell=shell, description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})")
 
 

@@ -1,10 +1,14 @@
-"""Which AWS errors are worth a retry: throttling and unavailability pass, everything else repeats.
-
-botocore's ClientError carries the service's code in ``err.response["Error"]["Code"]``.
+"""The run's own error, and which AWS errors are worth a retry: throttling and unavailability pass,
+everything else repeats (botocore's ClientError carries the code in ``err.response["Error"]["Code"]``).
 """
 from __future__ import annotations
 
 from typing import Any
+
+
+class ConfigValidationError(ValueError):
+    """The pipeline's params or the rendered cluster configuration are invalid (no retry helps)."""
+
 
 TRANSIENT_CODES = frozenset({
     "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",

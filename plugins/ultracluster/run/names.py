@@ -9,6 +9,7 @@ import hashlib
 import re
 
 from ultracluster.run import form
+from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.s3 import join_key, split_s3_uri
 
 CLUSTER_NAME_PATTERN = re.compile(form.CLUSTER_NAME_PATTERN)
@@ -24,7 +25,7 @@ def cluster_name_for(run_id: str, requested: str | None = None) -> str:
     """The requested cluster name, else one derived from the run id (valid for pcluster, <= 40 chars)."""
     if requested:
         if not CLUSTER_NAME_PATTERN.match(requested):
-            raise ValueError(
+            raise ConfigValidationError(
                 f"cluster_name {requested!r}: must start with a letter, hold only letters, digits and "
                 "hyphens, at most 40 characters"
             )

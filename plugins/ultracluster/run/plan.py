@@ -9,14 +9,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.form import MAX_QUEUES, TRAINING_QUEUE
 from ultracluster.run.names import CLUSTER_NAME_PATTERN
 from ultracluster.run.s3 import split_s3_uri
 from ultracluster.run.sweep import sweep_point
-
-
-class ConfigValidationError(ValueError):
-    """The pipeline's params or the rendered cluster configuration are invalid."""
 
 
 def node_count(value: Any) -> int:
