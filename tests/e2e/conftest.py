@@ -40,7 +40,7 @@ AWS_CALL_RECORDER = REPO / "tests" / "fixtures" / "aws_call_recorder"
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 
 
-def _s3(endpoint: str):
+def s3_client(endpoint: str):
     import boto3
     return boto3.client("s3", region_name=REGION, endpoint_url=endpoint,
                         aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -78,7 +78,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 def e2e_home(moto_server: str, dataset_tar: Path) -> Iterator[Path]:
     """One local UltraCluster home for every end-to-end run (runs never share a cluster or a VPC)."""
     with prepared_home(moto_server) as home:
-        _s3(moto_server).upload_file(str(dataset_tar), "neuron-s3", DATASET_KEY)
+        s3_client(moto_server).upload_file(str(dataset_tar), "neuron-s3", DATASET_KEY)
         yield home
 
 
@@ -250,6 +250,6 @@ def assert_nothing_left(env: dict[str, str], uc_home: Path) -> None:
 
 
 def results_in_s3(env: dict[str, str], prefix: str) -> dict[str, int]:
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket="ultracluster-artifacts", Prefix=prefix)
     return {obj["Key"]: obj["Size"] for page in pages for obj in page.get("Contents", [])}

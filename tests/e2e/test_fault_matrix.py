@@ -225,8 +225,6 @@ def test_fault(matrix, airflow_local, case):
     api, env = airflow_local
     run, spec = matrix[case], CASES[case]
     if run.refused:
-        if "auto_resume_attempts" in spec.conf and "400" in run.refused:
-            pytest.xfail(f"param auto_resume_attempts not there yet: {run.refused}")
         pytest.fail(f"trigger refused: {run.refused}")
     state = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run.run_id}")["state"]
     tis = _states(api, run.run_id)

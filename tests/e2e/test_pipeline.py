@@ -23,7 +23,7 @@ from tests.e2e.conftest import (
     SECRETS,
     TASK_IDS,
     VENVS,
-    _s3,
+    s3_client,
     assert_nothing_left,
     results_in_s3,
 )
@@ -48,7 +48,7 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
     assert metrics["artifacts_uri"] == f"s3://ultracluster-artifacts/runs/results/{DAG_ID}/{safe_run_id(run_id)}/"
     # It really trained: the running loss recorded in results.json falls clearly over the 40 steps.
     key = next(k for k in keys if k.endswith("/results.json"))
-    body = _s3(env["AWS_ENDPOINT_URL"]).get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read()
+    body = s3_client(env["AWS_ENDPOINT_URL"]).get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read()
     losses = [m["MeasuredValue"] for m in json.loads(body)["results"]["metrics"] if m["MetricName"] == "Loss"]
     assert len(losses) >= 2 and losses[-1] < losses[0] - 0.5, losses
     # No Neuron SDK here: parallel_compile ran compile-only, as the local profile allows, and says so.
@@ -59,7 +59,7 @@ def check_results(metrics: dict, env: dict[str, str], run_id: str) -> None:
 
 def assert_encrypted(env: dict[str, str], keys) -> None:
     """moto records an object's ServerSideEncryption only when its PUT asked for it."""
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     plain = {key: s3.head_object(Bucket="ultracluster-artifacts", Key=key).get("ServerSideEncryption") for key in keys}
     assert keys and all(v == "AES256" for v in plain.values()), plain
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, RUNTIME_READY, _s3
+from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client
 from tests.e2e.test_sweep import unpaused  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -58,6 +58,6 @@ def test_bad_confs_fail_in_preflight_on_the_first_try_and_create_nothing(airflow
         assert BAD_CONFS[name][1] in task_log(api, run_id, "preflight"), name
     # Nothing was created: no stack, no probe object left in the artifacts bucket.
     assert {s["StackId"] for s in cfn.list_stacks()["StackSummaries"]} == stacks_before
-    listed = _s3(env["AWS_ENDPOINT_URL"]).list_objects_v2(Bucket="ultracluster-artifacts", Prefix="runs/_preflight/")
+    listed = s3_client(env["AWS_ENDPOINT_URL"]).list_objects_v2(Bucket="ultracluster-artifacts", Prefix="runs/_preflight/")
     assert listed.get("KeyCount", 0) == 0
     print(f"{len(runs)} bad confs failed in preflight, first try, in {took:.0f} s in all")

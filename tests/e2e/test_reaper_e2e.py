@@ -1,6 +1,7 @@
 """The ultracluster_reaper DAG under the real scheduler, on the shared deployment: it asks the Task
 SDK for run states, deletes the network stack of a pipeline run that has ended, and leaves an
-unmarked stack and one of an unknown run that has not expired."""
+unmarked stack and one of an unknown run that has not expired. The ended run is its own: a conf
+that preflight refuses ends a pipeline run in seconds, with nothing created."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -8,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY
+from tests.e2e.test_sweep import unpaused  # noqa: F401 - fixture
 from tests.localcluster.test_reaper_local import create_stack, stack_status
 from ultracluster.run.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
 
@@ -17,21 +19,19 @@ pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
 REAPER_DAG_ID = "ultracluster_reaper"
 
 
-def test_the_reaper_dag_deletes_an_ended_runs_stack_and_nothing_else(airflow_local):
+def test_the_reaper_dag_deletes_an_ended_runs_stack_and_nothing_else(airflow_local, unpaused):
     import boto3
 
     api, env = airflow_local
     kw = dict(region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
               aws_secret_access_key="testing")
     aws = {"cfn": boto3.client("cloudformation", **kw), "ec2": boto3.client("ec2", **kw)}
-    ended = [r for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]
-             if r["state"] in ("success", "failed")]
-    if not ended:
-        pytest.skip("needs an ended pipeline run on the shared deployment (earlier e2e tests)")
+    ended = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
+                     {"logical_date": None, "conf": {"num_nodes": 2, "max_nodes": 1}})["dag_run_id"]
+    assert api.wait_for_run(DAG_ID, ended, 300) == "failed"  # preflight refused it: nothing was created
     now = datetime.now(timezone.utc)
-    create_stack(aws, "uc-vpc-e2e-reap-ended", ownership_tags(DAG_ID, ended[0]["dag_run_id"], started_at=now,
-                                                             ttl_hours=24))
-    create_stack(aws, "uc-vpc-e2e-reap-unmarked", {DAG_ID_TAG: DAG_ID, RUN_ID_TAG: ended[0]["dag_run_id"]})
+    create_stack(aws, "uc-vpc-e2e-reap-ended", ownership_tags(DAG_ID, ended, started_at=now, ttl_hours=24))
+    create_stack(aws, "uc-vpc-e2e-reap-unmarked", {DAG_ID_TAG: DAG_ID, RUN_ID_TAG: ended})
     create_stack(aws, "uc-vpc-e2e-reap-fresh", ownership_tags(DAG_ID, "manual__no_such_run", started_at=now,
                                                              ttl_hours=24))
     try:

@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, _s3, assert_nothing_left
+from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, s3_client, assert_nothing_left
 from tests.e2e.test_cli_e2e import ultracluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -77,7 +77,7 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
         states = api.task_states(DAG_ID, run["dag_run_id"])
         assert states == {task: "success" for task in TASK_IDS}, (run["dag_run_id"], states)
 
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     results = {}
     for run in runs:
         xcom = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/taskInstances/"
@@ -175,7 +175,7 @@ def test_a_client_fan_out_shares_one_network_and_reports_like_a_backfill(airflow
     assert api.task_states("trn1_sweep_network", network_run) == {
         "create_vpc": "success", "hold_network": "success", "delete_vpc": "success"}
     vpc_id = xcom(api, "trn1_sweep_network", network_run, "create_vpc")["vpc_id"]
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     results = {}
     for nodes, run_id in point_runs.items():
         assert api.task_states(DAG_ID, run_id) == {task: "success" for task in TASK_IDS}, run_id

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, RUNTIME_READY, _s3
+from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client
 from tests.e2e.test_ui_browser import SHOTS, browser, logged_in_page  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -57,13 +57,13 @@ def reported_sweeps(s3) -> list[str]:
 
 def write_alone_report(env: dict[str, str]) -> None:
     """The real build_report task, in this process, on two synthetic runs (tests/unit/test_report.py's)."""
-    from tests.unit.test_report import run
-    from tests.unit.test_results import OutletEvents
+    from tests.integration.test_report import run
+    from tests.integration.test_results import OutletEvents
     from ultracluster.operators.scaling_report import ScalingReportOperator
 
     runs = [run(1, mode="weak", avg=60.0, ttt=2.0, points=(1, 2)),
             run(2, mode="weak", avg=110.0, ttt=1.1, points=(1, 2), written=1)]
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     for entry, _, _ in runs:
         s3.put_object(Bucket=BUCKET, Key=f"runs/sweeps/{DAG_ID}/{ALONE_SWEEP}/runs/{entry['run_id']}.json",
                       Body=json.dumps(entry))
@@ -86,7 +86,7 @@ def write_alone_report(env: dict[str, str]) -> None:
 def sweep_report(airflow_local) -> str:
     """The id of a reported sweep of the pipeline in the session's artifacts bucket."""
     _, env = airflow_local
-    s3 = _s3(env["AWS_ENDPOINT_URL"])
+    s3 = s3_client(env["AWS_ENDPOINT_URL"])
     sweeps = reported_sweeps(s3)
     if SWEEP_SWEEP in sweeps:
         return SWEEP_SWEEP

@@ -133,7 +133,8 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert head["host_key"] == " ".join(pub) and head["address"].startswith("127.100.")
     assert head["partition"] == "compute1"
     too_many = wait_for_fleet(cluster, num_nodes=4)
-    assert too_many["status"] == "failed" and "Not enough usable nodes" in too_many["message"]
+    assert (too_many["status"], too_many["reason"]) == ("failed", "not_enough_nodes")
+    assert "Not enough usable nodes" in too_many["message"]
 
     # a wrong host key is refused by the real head node
     wrong = dict(head, host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMTV0nBQVJCoQRcHDIBnyHP9DpoIIr9SLjgyYCZAb4u")
@@ -231,9 +232,9 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     # on_kill cancels the running job
     slow = SlurmJobOperator(task_id="train_slow", head_node=head, job_dir="/fsx/jobs/slow", num_nodes=1,
                             job_env={**env, "STEP_SLEEP": "60"}, training_files_dir=str(training), poll_interval=1)
-    slow._validate()
-    job_id = slow.submit(ctx("train_slow"), slurm_job_name("trn1_bert_pretrain", "manual__it_1", "train_slow"))
-    slow._job_id = job_id
+    job = slow.job(ctx("train_slow"))
+    job_id = job.submit("manual__it_1")
+    slow._running = (job, job_id)  # the worker-side wait on it
     slow.on_kill()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -365,7 +366,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
     Set UC_CAPTURE_DIR to also write the raw outputs (how tests/fixtures/slurm/sacct_*.out were made).
     """
     from ultracluster import remote_commands as rc
-    from ultracluster.hooks.slurm import SlurmHook, _status_from_sacct
+    from ultracluster.hooks.slurm import SlurmHook, status_from_sacct
     from ultracluster.parsers import slurm as parse
 
     config = make_cluster_config(static=1, dynamic=0, accounting=True,
@@ -399,7 +400,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         deadline = time.monotonic() + 60
         while True:
             result = node.run(rc.sacct_job(job_id))
-            status = _status_from_sacct(job_id, result)
+            status = status_from_sacct(job_id, result)
             if (status and status.terminal) or time.monotonic() > deadline:
                 break
             time.sleep(1)
@@ -408,11 +409,11 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         # Filtered by name, sacct lists the id only for a job of that name (ids repeat across clusters).
         # The name-filtered query sees the job a moment after the id query does (slurmdbd writes in steps).
         deadline = time.monotonic() + 30
-        while (by_name := _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.acct")), "uc.acct")) is None:
+        while (by_name := status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.acct")), "uc.acct")) is None:
             assert time.monotonic() < deadline, "sacct --name never listed the job"
             time.sleep(1)
         assert by_name.state == "FAILED"
-        assert _status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.other")), "uc.other") is None
+        assert status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.other")), "uc.other") is None
         if os.environ.get("UC_CAPTURE_DIR"):
             capture = Path(os.environ["UC_CAPTURE_DIR"])
             (capture / "sacct_failed.cmd").write_text(rc.sacct_job(job_id).shell + "\n")

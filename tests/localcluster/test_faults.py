@@ -166,8 +166,8 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
 
     from ultracluster import remote_commands
     from ultracluster.parsers.slurm import parse_sinfo
-    from ultracluster.run.fleet import partition_capacity
-    from ultracluster.triggers.fleet import FAIL, evaluate_capacity
+    from ultracluster.run.fleet import judge_capacity, partition_capacity
+    from ultracluster.run.states import FAILED
 
     cluster = uc_home.provision(spec_dict("ft-fleet", min_count=0, max_count=2,
                                           faults={"insufficient_capacity": ["*"]}))
@@ -176,8 +176,8 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
     wait_for(lambda: all(cluster.node_states()[n].startswith("down") for n in nodes), 60, "both nodes to go down")
     command = remote_commands.sinfo()
     out = cluster.slurm(*shlex.split(command.shell))
-    verdict, reason = evaluate_capacity(partition_capacity(parse_sinfo(out), None, 2))
-    assert verdict == FAIL and reason.startswith("Nodes failed to power up: "), reason
+    verdict, code, reason = judge_capacity(partition_capacity(parse_sinfo(out), None, 2))
+    assert (verdict, code) == (FAILED, "power_up_failed") and reason.startswith("Nodes failed to power up: "), reason
     assert all(f"{n} (down" in reason for n in nodes) and ICE_REASON in reason, reason
     if os.environ.get("UC_CAPTURE_DIR"):   # how tests/fixtures/slurm/sinfo_power_up_failed.* were made
         capture = Path(os.environ["UC_CAPTURE_DIR"])

@@ -72,7 +72,7 @@ def _checked(command: remote_commands.RemoteCommand, result: CommandResult) -> C
     return result
 
 
-def _status_from_scontrol(job_id: str, result: CommandResult) -> JobStatus | None:
+def status_from_scontrol(job_id: str, result: CommandResult) -> JobStatus | None:
     if not result.ok:
         if parse.is_unknown_job_error(result.stderr):
             return None
@@ -81,7 +81,7 @@ def _status_from_scontrol(job_id: str, result: CommandResult) -> JobStatus | Non
     return JobStatus(info.job_id, info.state, info.exit_code, info.signal, info.reason, "scontrol", info.name)
 
 
-def _status_from_sacct(job_id: str, result: CommandResult, job_name: str | None = None) -> JobStatus | None:
+def status_from_sacct(job_id: str, result: CommandResult, job_name: str | None = None) -> JobStatus | None:
     """``job_name``: the sacct command filtered on it, so a row found is a job of that name."""
     if not result.ok or parse.is_accounting_disabled(result.stdout + result.stderr):
         return None
@@ -92,7 +92,7 @@ def _status_from_sacct(job_id: str, result: CommandResult, job_name: str | None 
     return JobStatus(job_id, state, exit_code, signal, None, "sacct", job_name)
 
 
-def _status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
+def status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
     code = parse.parse_exit_marker(result.stdout) if result.ok else None
     if code is not None:
         return JobStatus(job_id, "COMPLETED" if code == 0 else "FAILED", code, 0, "from exit marker", "exit_marker")
@@ -117,12 +117,12 @@ def _job_status_plan(job_id: str, job_dir: str, job_name: str | None) -> StatusP
     ``job_name`` restricts sacct to a job of that name, and reads the name the job recorded next
     to its exit marker; the status then carries the name (a rebuilt cluster reuses job ids).
     """
-    status = _status_from_scontrol(job_id, (yield remote_commands.scontrol_show_job(job_id)))
+    status = status_from_scontrol(job_id, (yield remote_commands.scontrol_show_job(job_id)))
     if status is None:
-        status = _status_from_sacct(job_id, (yield remote_commands.sacct_job(job_id, job_name)), job_name)
+        status = status_from_sacct(job_id, (yield remote_commands.sacct_job(job_id, job_name)), job_name)
     if status is None:
         marker = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "exit"), 64)
-        status = _status_from_exit_marker(job_id, marker)
+        status = status_from_exit_marker(job_id, marker)
         if job_name is not None and status.state != JOB_UNKNOWN:
             name = yield remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "name"), 1024)
             status = dataclasses.replace(status, name=name.stdout.strip() or None)

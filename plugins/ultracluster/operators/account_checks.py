@@ -29,10 +29,10 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
     try:
-        problems = _readable(s3, "dataset_s3_uri", plan.get("dataset_s3_uri"))
-        problems += _writable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
+        problems = unreadable(s3, "dataset_s3_uri", plan.get("dataset_s3_uri"))
+        problems += unwritable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
         if plan.get("compile_cache_s3_uri"):
-            problems += _writable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
+            problems += unwritable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
         problems += _resumable(s3, plan.get("resume_from"))
         problems += _key_pair(ec2, plan.get("key_name"))
         problems += _offerings(ec2, plan)
@@ -42,7 +42,7 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     return problems
 
 
-def _readable(s3: Any, param: str, uri: str | None) -> list[str]:
+def unreadable(s3: Any, param: str, uri: str | None) -> list[str]:
     try:
         bucket, key = split_s3_uri(uri or "")
     except ValueError as err:
@@ -59,7 +59,7 @@ def _readable(s3: Any, param: str, uri: str | None) -> list[str]:
     return []
 
 
-def _writable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str]:
+def unwritable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str]:
     try:
         bucket, prefix = split_s3_uri(uri or "")
     except ValueError as err:

@@ -60,11 +60,11 @@ def record_usage(op: Any, deleted_at: str) -> dict[str, Any] | None:
     if usage["unended"]:
         op.log.warning("%d instance(s) of %s not terminated yet: counted up to now", usage["unended"], op.cluster_name)
     if op.results_uri and op.results_uri != "None":
-        _write_beside_results(op, usage)
+        write_beside_results(op, usage)
     return usage
 
 
-def _write_beside_results(op: Any, usage: dict[str, Any]) -> None:
+def write_beside_results(op: Any, usage: dict[str, Any]) -> None:
     """usage.json in the run's results folder, and results.json's ``usage`` key."""
     bucket, prefix = split_s3_uri(op.results_uri)
     prefix = prefix.rstrip("/") + "/" if prefix else ""

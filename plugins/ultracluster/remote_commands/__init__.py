@@ -9,10 +9,9 @@ Rules this module keeps so callers cannot get them wrong:
 
 from ultracluster.remote_commands.command import RemoteCommand, check_job_id, env_words, from_argv
 from ultracluster.remote_commands.files import *  # noqa: F403
-from ultracluster.remote_commands.files import _curl_config
 from ultracluster.remote_commands.slurm import *  # noqa: F403
 from ultracluster.remote_commands.slurm import SINFO_FORMAT, SQUEUE_FORMAT
 from ultracluster.remote_commands.wait import WAIT_END_MARKER, wait_job_end, wait_nodes_change
 
-__all__ = ["RemoteCommand", "SINFO_FORMAT", "SQUEUE_FORMAT", "WAIT_END_MARKER", "check_job_id", "_curl_config",
-           "env_words", "from_argv", "wait_job_end", "wait_nodes_change"]
+__all__ = ["SINFO_FORMAT", "SQUEUE_FORMAT", "WAIT_END_MARKER", "RemoteCommand", "check_job_id", "env_words",
+           "from_argv", "wait_job_end", "wait_nodes_change"]

@@ -199,7 +199,7 @@ _STARTED: list[tuple[subprocess.Popen, int]] = []
 
 
 @pytest.fixture(autouse=True)
-def _stop_leftover_transfers():
+def stop_leftover_transfers():
     """A failing test must not leave its blocked curl behind (killed by its own process group id)."""
     import signal
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 
-from tests.unit.test_dataset import _stop_leftover_transfers  # noqa: F401 - autouse fixture
-from tests.unit.test_results import HEAD, artifacts, head  # noqa: F401 - fixtures
+from tests.integration.test_dataset import stop_leftover_transfers  # noqa: F401 - autouse fixture
+from tests.integration.test_results import HEAD, artifacts, head  # noqa: F401 - fixtures
 from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
 from ultracluster.run.contracts import select_failure_artifacts
 from ultracluster.run.names import safe_run_id

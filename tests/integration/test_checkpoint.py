@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tests.unit.test_account_checks import account, check  # noqa: F401 - fixtures
-from tests.unit.test_dataset import (  # noqa: F401 - fixtures
+from tests.integration.test_account_checks import account, check  # noqa: F401 - fixtures
+from tests.integration.test_dataset import (  # noqa: F401 - fixtures
     HEAD,
-    _stop_leftover_transfers,
+    stop_leftover_transfers,
     aws_conn,
     empty_bucket,
     head,

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.run.profiles import load_profile
 from ultracluster.run.sweep import ORIGIN

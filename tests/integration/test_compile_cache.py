@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.unit.test_dataset import aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_dataset import aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401 - fixtures
 from ultracluster.operators.compile_cache import CompileCacheOperator
 from ultracluster.run.compile_cache import cache_facts, cache_key, cache_object, compiler_version
 

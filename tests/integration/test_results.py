@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from tests.head_node_patch import use_head_node
-from tests.unit.test_dataset import LocalShellHeadNode, _stop_leftover_transfers, empty_bucket  # noqa: F401
+from tests.integration.test_dataset import LocalShellHeadNode, stop_leftover_transfers, empty_bucket  # noqa: F401
 from ultracluster.operators.results import CollectResultsOperator, summary_table
 from ultracluster.run.contracts import extract_metrics, select_artifacts
 from ultracluster.run.names import safe_run_id
@@ -209,7 +209,7 @@ def test_a_sweep_run_links_its_report_and_a_failed_upload_still_links_the_folder
 
 def test_retry_stops_the_earlier_tries_upload_first(tmp_path, artifacts, head):
     """A worker died mid-upload: its curl still runs. The retry stops it before uploading again."""
-    from tests.unit.test_dataset import start_blocked_download
+    from tests.integration.test_dataset import start_blocked_download
 
     train = job_outputs(tmp_path)
     pid_file = f"{train['output_dir']}/.ultracluster-upload.pid"

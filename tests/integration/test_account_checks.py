@@ -7,7 +7,7 @@ import logging
 import boto3
 import pytest
 
-from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 from ultracluster.hooks.account import AccountHook
 from ultracluster.operators.account_checks import account_problems
 from ultracluster.run.cost import load_prices

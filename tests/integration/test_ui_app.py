@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pendulum
 import pytest
 
-from tests.unit.test_dataset import empty_bucket, moto_endpoint  # noqa: F401 - fixture
-from tests.unit.test_report import run
-from tests.unit.test_results import OutletEvents
+from tests.integration.test_dataset import empty_bucket, moto_endpoint  # noqa: F401 - fixture
+from tests.integration.test_report import run
+from tests.integration.test_results import OutletEvents
 from ultracluster.operators.scaling_report import ScalingReportOperator
 
 BUCKET = "uc-ui-test"

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
-from tests.unit.test_results import OutletEvents
+from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_results import OutletEvents
 from ultracluster.operators.scaling_report import ScalingReportOperator, requested_sweeps
 from ultracluster.report.plot import DPI, SIZE_INCHES, plot_png
 from ultracluster.report.records import run_record

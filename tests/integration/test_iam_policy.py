@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.iam_policy import AIRFLOW_POLICY, PLACEHOLDER, POLICY_DIR, denials, is_allowed, render_policy, requests_of
-from tests.unit.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 PCLUSTER_POLICY = POLICY_DIR / "pcluster-user-policy.json"

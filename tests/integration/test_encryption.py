@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.unit.test_config import s3  # noqa: F401 - fixture: in-process moto, as the render tests use
-from tests.unit.test_dataset import LocalShellHeadNode, aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401
-from tests.unit.test_results import HEAD, OutletEvents, job_outputs
+from tests.integration.test_dataset import LocalShellHeadNode, aws_conn, empty_bucket, head, moto_endpoint  # noqa: F401
+from tests.integration.test_results import HEAD, OutletEvents, job_outputs
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.results import CollectResultsOperator
@@ -128,7 +128,7 @@ def test_collect_results_uploads_every_file_encrypted(tmp_path, artifacts, head)
 
 
 def test_the_compile_cache_archive_is_saved_encrypted_and_restores(tmp_path, aws_conn, head):
-    from tests.unit.test_compile_cache import CACHE_URI, CTX, FACTS
+    from tests.integration.test_compile_cache import CACHE_URI, CTX, FACTS
     from ultracluster.operators.compile_cache import CompileCacheOperator
 
     empty_bucket(aws_conn, "uc-compile-cache")
@@ -150,13 +150,13 @@ def test_the_compile_cache_archive_is_saved_encrypted_and_restores(tmp_path, aws
 
 
 def test_usage_json_and_the_rewritten_results_json_are_encrypted(artifacts):
-    from ultracluster.operators.usage import _write_beside_results
+    from ultracluster.operators.usage import write_beside_results
 
     prefix = "runs/results/trn1_bert_pretrain/r1/"
     artifacts.put_object(Bucket=BUCKET, Key=prefix + "results.json", Body=b"{}", ServerSideEncryption="AES256")
     op = SimpleNamespace(aws_conn_id="uc_test_aws", results_uri=f"s3://{BUCKET}/{prefix}", s3_encryption=KMS,
                          log=logging.getLogger("test"))
-    _write_beside_results(op, {"usd": 1.0})
+    write_beside_results(op, {"usd": 1.0})
     for name in ("usage.json", "results.json"):
         assert encryption(artifacts, prefix + name) == ("aws:kms", KMS["SSEKMSKeyId"])
 
@@ -179,9 +179,9 @@ def test_the_sweep_index_and_the_write_probe_are_encrypted(artifacts, monkeypatc
     original = ArtifactsS3Hook.load_string
     monkeypatch.setattr(ArtifactsS3Hook, "load_string", lambda self, *a, **kw: (sent.append(self.sse),
                                                                                 original(self, *a, **kw))[1])
-    from ultracluster.operators.account_checks import _writable
+    from ultracluster.operators.account_checks import unwritable
 
-    assert _writable(ArtifactsS3Hook(aws_conn_id="uc_test_aws", sse=KMS), "artifacts_s3_uri", f"s3://{BUCKET}/runs",
+    assert unwritable(ArtifactsS3Hook(aws_conn_id="uc_test_aws", sse=KMS), "artifacts_s3_uri", f"s3://{BUCKET}/runs",
                      "run-1.probe") == []
     assert sent == [KMS]
 
