@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_authenticated
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -68,8 +68,7 @@ def _unavailable(err: ReportsUnavailable) -> HTMLResponse:
 
 def _can_read_runs(user: Any, dag_id: str) -> bool:
     """The auth manager's verdict, as requires_access_dag asks it for one DAG's runs."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.api_fastapi.app import get_auth_manager  # server-side (docs/architecture.md, "Imports")
     from airflow.models.dag import DagModel
 
     return get_auth_manager().is_authorized_dag(
