@@ -1,6 +1,6 @@
 """ultracluster: run BERT pretraining on AWS Trn1 UltraClusters from Airflow.
 
-Keep this module import-free: the DAG file imports subpackages at parse time.
+Import-free: every module is imported by its own name (docs/architecture.md has the map).
 """
 
 __version__ = "0.1.0"

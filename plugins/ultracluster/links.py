@@ -2,7 +2,7 @@
 the ultracluster plugin's pages (a Slurm job, a sweep's report; ui/plugin.py).
 
 Same pattern as the amazon provider's BaseAwsLink (values persisted to XCom under the link's key,
-formatted on display), without importing botocore: the DAG file imports this module at parse time.
+formatted on display).
 Airflow formats a link in the worker when a try ends or defers: a task persists the values before it
 defers, so the link shows while it waits (docs/contracts.md, "Extra links").
 """

@@ -3,72 +3,31 @@ imports at module level but for the listed heavy libraries, small modules, priva
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGE = REPO / "plugins" / "ultracluster"
+sys.path.insert(0, str(REPO / "scripts"))
+import architecture  # noqa: E402 - scripts/architecture.py: the layers and the map
 
-# Bottom to top: a module may import from its own layer and the ones below, never above.
-LAYERS = (
-    ("core", ("ultracluster.run",)),
-    ("parsers and remote commands", ("ultracluster.parsers", "ultracluster.remote_commands", "ultracluster.waiters",
-                                     "ultracluster.report")),
-    ("hooks", ("ultracluster.hooks",)),
-    ("triggers", ("ultracluster.triggers",)),
-    ("operators and sensors", ("ultracluster.operators", "ultracluster.sensors", "ultracluster.links",
-                               "ultracluster.notifications", "ultracluster.params", "ultracluster.reaper")),
-    ("DAGs, CLI and UI", ("ultracluster.cli", "ultracluster.ui", "ultracluster.listeners",
-                          "ultracluster.get_provider_info")),
-)
+LAYERS = architecture.LAYERS
 # Imported inside the functions that use them, never at module level (docs/architecture.md, "Imports"):
-# the heavy libraries a DAG parse must not load, and Airflow's server-side modules, which exist only in
-# the API server and scheduler and are still initialising when those load the plugin.
+# heavy libraries a DAG parse must not load, and Airflow's server-side modules, which exist only in the
+# API server and the scheduler and are still initialising when those load the plugin.
 LAZY = ("paramiko", "asyncssh", "matplotlib", "torch", "jinja2", "airflow.providers.ssh",
         "airflow.providers.smtp", "airflow.providers.slack", "airflow.api_fastapi.app", "airflow.models",
         "sqlalchemy", "ultracluster.ui.app")
 MAX_LINES = 400
+MODULES = architecture.modules()
+layer = architecture.layer
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def layer(module: str) -> int:
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return index
-    if module == "ultracluster":
-        return 0
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
-
-
-def imports(path: Path) -> list[tuple[str, bool, ast.AST]]:
-    """(imported module, at module level?, node) of a file, ``if TYPE_CHECKING:`` blocks left out."""
-    tree = ast.parse(path.read_text())
-    found: list[tuple[str, bool, ast.AST]] = []
-
-    def visit(node: ast.AST, top: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue
-            if isinstance(child, ast.Import):
-                found.extend((alias.name, top, child) for alias in child.names)
-            elif isinstance(child, ast.ImportFrom) and not child.level:
-                found.append((child.module or "", top, child))
-                # ``from ultracluster.run import states``: the submodule is the edge.
-                found.extend((f"{child.module}.{a.name}", top, child) for a in child.names
-                             if f"{child.module}.{a.name}" in MODULES)
-            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
-
-    visit(tree, True)
-    return found
+def imports(path: Path) -> list[tuple[str, bool, int]]:
+    return architecture.imports(path, MODULES)
 
 
 def edges() -> dict[str, set[str]]:
@@ -133,8 +92,8 @@ def test_the_core_imports_the_stdlib_and_itself_only():
 
 
 def test_function_level_imports_are_only_the_listed_heavy_libraries():
-    inside = [f"{module}:{node.lineno} {name}" for module, path in MODULES.items()
-              for name, top, node in imports(path)
+    inside = [f"{module}:{line} {name}" for module, path in MODULES.items()
+              for name, top, line in imports(path)
               if not top and not any(name == lazy or name.startswith(lazy + ".") for lazy in LAZY)]
     assert inside == []
 
@@ -156,3 +115,34 @@ def test_private_names_stay_private(root):
                 found += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_the_map_in_the_docs_is_current_and_names_only_modules_that_exist():
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "architecture.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`(ultracluster(?:\.[a-zA-Z_0-9]+)+)", text))
+    named |= {"ultracluster." + m for m in re.findall(r"`((?:run|parsers|hooks|triggers|operators|sensors|report|reaper|"
+                                                     r"remote_commands|waiters|ui|cli)(?:\.[a-zA-Z_0-9]+)+)", text)}
+    missing = [name for name in sorted(named) if not exists(name)]
+    assert missing == []
+
+
+def exists(name: str) -> bool:
+    """A module, or a top-level name (then its attribute) of one: ``...sensors.fleet.FleetCheck``."""
+    parts = name.split(".")
+    for cut in range(len(parts), 1, -1):
+        module = ".".join(parts[:cut])
+        if module in MODULES:
+            rest = parts[cut:]
+            if not rest:
+                return True
+            tree = ast.parse(MODULES[module].read_text())
+            defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+            defined |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                        if isinstance(t, ast.Name)}
+            defined |= {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                        for a in node.names}
+            return rest[0] in defined
+    return False

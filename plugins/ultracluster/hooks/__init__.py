@@ -1,4 +1,4 @@
-"""Hooks: the I/O. Every hook module loads inside tasks and triggers, never at parse time."""
+"""Hooks: the I/O, one method per API verb or command; they decide nothing."""
 
 # The head node's SSH connection: here, so operators can name it as a default without importing a hook.
 DEFAULT_SSH_CONN_ID = "ultracluster_head_node"

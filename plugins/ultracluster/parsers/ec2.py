@@ -1,6 +1,6 @@
 """Instance lives from EC2's describe-instances: when each instance started and stopped billing.
 
-Stdlib only. EC2 has no termination-time field: the time is in StateTransitionReason,
+EC2 has no termination-time field: the time is in StateTransitionReason,
 "User initiated (2026-12-01 05:31:46 GMT)" (moto writes UTC for GMT).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parses of the file commands ``remote_commands`` builds (listings, log chunks). Stdlib only."""
+"""Parses of the file commands ``remote_commands`` builds (listings, log chunks)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 
 - ``records.run_record``: one run of a sweep, from its sweep index entry, state and XComs.
 - ``table.build_rows`` / ``table.make_report``: one row per sweep point, efficiency, cost.
-- ``render``: Markdown, self-contained HTML, JSON; ``plot.plot_png``: the throughput plot.
-- ``operator.ScalingReportOperator``: the Airflow task (S3 in, S3 out, an Asset event).
+- ``render``: Markdown, HTML and JSON; ``plot.plot_png``: the throughput plot (matplotlib, loaded
+  only when a plot is drawn).
 
-Everything but ``operator`` and ``plot`` is pure and stdlib only. Nothing heavy is imported here:
-the report DAG imports the operator at parse time.
+The task that writes it is ``operators.scaling_report``.
 """

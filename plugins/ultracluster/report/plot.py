@@ -1,6 +1,6 @@
 """The report's plot: throughput against nodes, the ideal linear line, efficiency on a second axis.
 
-matplotlib is imported inside ``plot_png`` (Agg, no display): the report DAG must parse without it.
+matplotlib is imported inside ``plot_png`` (Agg, no display): heavy, so never at parse time.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A run's note: its summary (``summary.py``'s lines, the client's end-of-run lines) as Markdown, for
 the DAG run's note in the Airflow UI. ``ultracluster/listeners.py`` writes it when the run ends.
-Stdlib only.
 """
 from __future__ import annotations
 

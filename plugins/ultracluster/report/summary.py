@@ -1,7 +1,7 @@
 """One run's summary: what a user asks of a finished run (the client's end-of-run lines).
 
 Built from the run's task XComs with the report's own record and row, so a run and a sweep report
-never disagree on a number. Stdlib only.
+never disagree on a number.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The report's table: one row per sweep point, scaling efficiency, time and cost (pure, stdlib only)."""
+"""The report's table: one row per sweep point, scaling efficiency, time and cost."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,0 +1,1 @@
+"""Sensors: wait_for_fleet."""

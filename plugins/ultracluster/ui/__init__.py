@@ -4,7 +4,7 @@
 - ``app``: the FastAPI app the API server mounts at ``/ultracluster``: the scaling reports and the
   Slurm job page. Every route requires Airflow's authentication.
 - ``reports``: reading the reports from the artifacts bucket; ``jobs``: a Slurm task's facts from
-  the metadata DB; ``pages``: the HTML (stdlib only, everything escaped).
+  the metadata DB; ``pages``: the HTML (everything escaped).
 
-Nothing heavy is imported here: every Airflow process loads the plugin.
+Every Airflow process loads the plugin; the app and its server-side imports load in the API server.
 """

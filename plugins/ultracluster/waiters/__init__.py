@@ -1,4 +1,4 @@
-"""Waiters as data: JSON models in botocore's waiter shape, evaluated here (stdlib only).
+"""Waiters as data: JSON models in botocore's waiter shape, evaluated here.
 
 botocore cannot run them directly: pcluster is a CLI, not a botocore service.
 """
