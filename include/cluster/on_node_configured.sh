@@ -4,7 +4,7 @@
 #
 # render_config uploads a RENDERED copy of this file to the artifacts bucket and references it from
 # the head node and every queue: the block between "# BEGIN VERSIONS" and "# END VERSIONS" then holds
-# the exact versions of include/neuron-versions.env (plugins/ultracluster/neuron_versions.py;
+# the exact versions of include/neuron-versions.env (plugins/ultracluster/run/neuron_versions.py;
 # `python -m ultracluster.run.neuron_versions render` prints the copy). This file as it is does not run.
 # It runs as root once a node is configured, on every node that boots (dynamic nodes included), so it
 # is idempotent: a marker records the Neuron release and the pins a node finished with, and a node

@@ -1,4 +1,4 @@
-"""Sweep points and the run plan (ultracluster/sweep.py), and the `sweep` param's schema."""
+"""Sweep points and the run plan (ultracluster/run/sweep.py), and the `sweep` param's schema."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone

@@ -1,7 +1,7 @@
 """The scaling reports in the artifacts bucket, as the Scaling reports page reads them.
 
 ``trn1_scaling_report`` writes ``<artifacts>/reports/<dag id>/<sweep id>/`` (report.md, report.html,
-report.json, throughput.png; ultracluster/report/operator.py). A sweep is listed when its
+report.json, throughput.png; ultracluster/operators/scaling_report.py). A sweep is listed when its
 ``report.json`` is there. Ids are checked against strict patterns before any key is built from them.
 """
 from __future__ import annotations
