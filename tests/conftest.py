@@ -1,6 +1,8 @@
 """Shared pytest set-up. Fixtures for the local UltraCluster live in tests/fixtures_localcluster.py."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 pytest_plugins = ["tests.fixtures_localcluster"]
@@ -30,3 +32,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return work_unit(nodeid)
 
     return ByModuleAndE2e(config, log)
+
+
+@pytest.fixture(autouse=True)
+def trigger_events_have_one_shape(monkeypatch):
+    """Every event an ultracluster trigger emits while a test runs has run.events' shape."""
+    from airflow.triggers.base import TriggerEvent
+
+    from ultracluster.run.events import event_problems
+
+    original = TriggerEvent.__init__
+
+    def checked(self, payload, **kwargs):
+        maker = sys._getframe(1).f_globals.get("__name__", "")
+        if maker.startswith("ultracluster.triggers"):
+            problems = event_problems(payload)
+            assert not problems, f"{maker} emitted {payload!r}: {problems}"
+        original(self, payload, **kwargs)
+
+    monkeypatch.setattr(TriggerEvent, "__init__", checked)
