@@ -16,11 +16,12 @@ import architecture  # noqa: E402 - scripts/architecture.py: the layers and the 
 
 LAYERS = architecture.LAYERS
 # Imported inside the functions that use them, never at module level (docs/architecture.md, "Imports"):
-# heavy libraries a DAG parse must not load, and Airflow's server-side modules, which exist only in the
-# API server and the scheduler and are still initialising when those load the plugin.
+# heavy libraries a DAG parse must not load; Airflow's server-side modules, which exist only in the API
+# server and the scheduler and are still initialising when those load the plugin; and the reaper in the
+# REST client, whose other commands start without Airflow.
 LAZY = ("paramiko", "asyncssh", "matplotlib", "torch", "jinja2", "airflow.providers.ssh",
         "airflow.providers.smtp", "airflow.providers.slack", "airflow.api_fastapi.app", "airflow.models",
-        "sqlalchemy", "ultracluster.ui.app")
+        "sqlalchemy", "ultracluster.ui.app", "ultracluster.reaper")
 MAX_LINES = 400
 MODULES = architecture.modules()
 layer = architecture.layer

@@ -12,7 +12,6 @@ import json
 import sys
 
 from ultracluster.cli.client import AirflowClient, CliError, segment
-from ultracluster.reaper import build_reaper
 from ultracluster.run.profiles import ProfileError, load_profile
 
 
@@ -46,6 +45,8 @@ def cmd_reap(client: AirflowClient, args: argparse.Namespace) -> int:
     # The hooks' and the reaper's logs go to stderr, so stdout holds the verdicts only. A redirect for
     # this call, not a logging configuration: that would outlive the command in the process.
     with contextlib.redirect_stdout(sys.stderr):
+        from ultracluster.reaper import build_reaper  # Airflow's hooks: the client's other commands start without them
+
         reaper = build_reaper(api_run_state(client), aws_conn_id=args.aws_conn_id,
                               pcluster_conn_id=args.pcluster_conn_id, region_name=region,
                               artifacts_s3_uri=artifacts, poll_s=poll_s, retry_delay_s=4 * poll_s)
