@@ -8,21 +8,9 @@ import sys
 from pathlib import Path
 
 from tests.fixtures_localcluster import free_port
-from tests.unit.airflow_stub import (  # noqa: F401 - fixtures
-    DAG,
-    PASSWORD,
-    RUN,
-    RUN_ID,
-    StubAirflow,
-    cli,
-    no_ambient_config,
-    one_error_line,
-    run,
-    stub,
-    timeless,
-    tis,
-    token_request,
-)
+from tests.unit.airflow_stub import (DAG, PASSWORD, RUN, RUN_ID, StubAirflow, cli, one_error_line, run, timeless, tis,
+                                    token_request)
+from tests.unit.airflow_stub import no_ambient_config, stub  # noqa: F401 - fixtures
 from ultracluster.cli import main
 from ultracluster.cli.client import render_detail
 

@@ -6,18 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.unit.airflow_stub import (  # noqa: F401 - fixtures
-    DAG,
-    StubAirflow,
-    cli,
-    no_ambient_config,
-    one_error_line,
-    run,
-    stub,
-    timeless,
-    tis,
-    token_request,
-)
+from tests.unit.airflow_stub import DAG, StubAirflow, cli, one_error_line, run, timeless, tis, token_request
+from tests.unit.airflow_stub import no_ambient_config, stub  # noqa: F401 - fixtures
 from ultracluster.cli.sweeps import past_ticks
 from ultracluster.run.sweep import sweep_point
 
