@@ -41,3 +41,8 @@ def test_every_trigger_event_is_built_by_run_events(path):
     for call in built:
         assert isinstance(call.args[0], ast.Call) and getattr(call.args[0].func, "id", None) == "event", (
             f"{path.name}:{call.lineno}: TriggerEvent({ast.unparse(call.args[0])}) is not built by event()")
+
+
+def test_the_contract_lists_every_reason():
+    text = (TRIGGERS.parents[2] / "docs" / "contracts.md").read_text()
+    assert [reason for reason in REASONS if f"| `{reason}` | {REASONS[reason][0]} |" not in text] == []
