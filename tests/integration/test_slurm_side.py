@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.fixtures_localcluster import PCLUSTER_BIN, wait_for_status, wait_until_gone
+from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 
 RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("/usr/sbin/sshd").exists()
 pytestmark = [pytest.mark.localcluster, pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm, sshd")]
@@ -121,7 +122,7 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     from ultracluster.hooks.head_node import HeadNodeHook, HostKeyMismatchError
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.operators.dataset import DownloadDatasetOperator
-    from ultracluster.run.names import safe_run_id
+    from ultracluster.run.names import safe_run_id, slurm_job_name
     from ultracluster.operators.results import CollectResultsOperator
     from ultracluster.operators.slurm import SlurmJobOperator
 
@@ -198,8 +199,6 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
 
     # A stored job id that now names another job (a rebuilt cluster restarts ids at 1; here the
     # compile job in a shared job dir) is not taken for this task's job: a new one is submitted.
-    from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
-
     assert slurm.squeue_job("999999") == []  # an id slurmctld does not know
     compile_name = slurm_job_name("trn1_bert_pretrain", "manual__it_1", "parallel_compile")
     name_marker = rc.job_file("/fsx/jobs/compile", compiled["job_id"], "name")
@@ -256,12 +255,13 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
                                deferrable=False, poll_interval=1,
                                budget={"max_usd": 1.0, "usd_per_hour": 3600.0,
                                        "since": datetime.now(timezone.utc).isoformat()})
+    budget_store = Store()
     with pytest.raises(AirflowFailException, match=r"budget guard: projected cost \$[0-9.]+ .* exceeds "
                                                    r"max_cost_usd \$1\.00; job \d+ cancelled"):
-        guarded.execute(ctx("train_budget"))
+        guarded.execute(ctx("train_budget", budget_store))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        status = slurm.job_status(guarded._job_id, "/fsx/jobs/budget")
+        status = slurm.job_status(budget_store[STATE_KEY_JOB_ID], "/fsx/jobs/budget")
         if status.terminal:
             break
         time.sleep(1)
@@ -455,9 +455,10 @@ def test_a_failed_runs_files_reach_s3_and_a_later_run_gets_its_checkpoint(uc_hom
         failing = SlurmJobOperator(task_id="train", head_node=head, job_dir=job_dir, num_nodes=1,
                                    job_env={"SCALING_MODE": "strong", "STEP_SLEEP": "0", "FAIL_WITH": "3"},
                                    training_files_dir=str(training), deferrable=False, poll_interval=1)
+        store = Store()
         with pytest.raises(AirflowException, match="UC_ERROR asked to fail"):
-            failing.execute(ctx("train", run_id="manual__failsave"))
-        job_id = failing._job_id
+            failing.execute(ctx("train", store, run_id="manual__failsave"))
+        job_id = store[STATE_KEY_JOB_ID]
 
         # A checkpoint restored by restore_checkpoint sits in the job dir too: it is not copied back.
         earlier = "runs/results/trn1_bert_pretrain/earlier/checkpoints/ckpt_2.pt"
