@@ -158,6 +158,16 @@ def _install_delete_failed() -> None:
 
     Stack.delete = stack_delete
     CloudFormationBackend.delete_stack = delete_stack
+    install_put_composite_alarm()
+
+
+def install_put_composite_alarm() -> None:
+    """moto stores composite alarms (PutMetricAlarm's AlarmRule; DescribeAlarms lists them) but has no
+    PutCompositeAlarm action: route it to the same handler. IAM still judges it as PutCompositeAlarm."""
+    from moto.cloudwatch.responses import CloudWatchResponse
+
+    if not hasattr(CloudWatchResponse, "put_composite_alarm"):
+        CloudWatchResponse.put_composite_alarm = CloudWatchResponse.put_metric_alarm
 
 
 def main(argv: list[str] | None = None) -> None:

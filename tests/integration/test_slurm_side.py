@@ -90,7 +90,7 @@ def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
         {"conn_type": "aws", "login": "testing", "password": "testing",
          "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}))
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+        {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
          "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
     yield SimpleNamespace(name=name, home=uc_home, env=uc_env, endpoint=endpoint)
@@ -279,7 +279,7 @@ def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, na
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
         {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+        {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
          "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
     return SimpleNamespace(name=name, home=uc_home, env=uc_env)
@@ -380,7 +380,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
             {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
         monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-            {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+            {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
              "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
              "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
         event = wait_for_fleet(cluster, num_nodes=1)

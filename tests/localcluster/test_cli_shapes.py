@@ -405,7 +405,8 @@ def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
     assert ["team", "ml"] in spec["tags"]
     # The tag wins over the variable; variables fill in what tags do not set.
     assert spec["faults"] == {"provisioning_delay": 600.0, "fail_create": None, "insufficient_capacity": ["trn1"],
-                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0}
+                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0,
+                              "neuron_unhealthy": []}
     assert spec["config_yaml"] == config.read_text()
     delete_and_wait(uc_env, uc_home, "specced")
 

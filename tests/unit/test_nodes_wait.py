@@ -21,6 +21,9 @@ from ultracluster.parsers.slurm import parse_wait_end
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 from tests.unit.test_wait_command import stand_in
 
+# Stand-in Slurm programs live in tmp_path/bin (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("slurm_stand_ins")
+
 
 def when(condition, action) -> threading.Thread:
     """Run ``action`` in a thread once ``condition()`` holds (the test gives up after 60 s)."""
