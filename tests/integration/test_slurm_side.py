@@ -159,8 +159,8 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert first == {"data_dir": "/fsx/data/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128", "files": 2, "skipped": False}
     assert download.execute(ctx("download_data"))["skipped"] is True
 
-    # parallel_compile: neuron_parallel_compile is absent locally -> COMPILE_ONLY=1, as the local
-    # profile opts in (launcher_fallback_env); without the opt-in the job refuses to run.
+    # parallel_compile without TRAINING_PYTHON: neuron_parallel_compile (in the Neuron venv) is not where
+    # the job looks -> COMPILE_ONLY=1 when the caller opts in (launcher_fallback_env); else it refuses.
     training = tmp_path / "training"
     training.mkdir()
     (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
