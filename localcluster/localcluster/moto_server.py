@@ -4,7 +4,8 @@ moto's CloudFormation cannot delete a VPC stack that has a NAT gateway, a VPC en
 internet gateway attachment or subnet route tables (moto 5.2.5): those resources' deletes are
 no-ops, so DeleteStack fails with DependencyViolation on the VPC after forgetting the stack, and
 the network stays. Real CloudFormation deletes them. This module gives moto the missing deletes,
-so the product's delete_vpc needs no moto workaround. Stdlib and moto only: the tests load it into
+so the product's delete_vpc needs no moto workaround, and the PutCompositeAlarm action the cluster
+stack's head-node alarm needs (moto stores composite alarms but does not route the action). Stdlib and moto only: the tests load it into
 an in-process moto too (``install()``).
 
 A delete that still fails (a resource with a real dependency, e.g. a VPC holding a subnet made
