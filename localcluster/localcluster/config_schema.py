@@ -27,8 +27,9 @@ def _strict(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
 # DeletionPolicy shape the cluster stack (the rest of Monitoring is not modelled).
 RETENTION_IN_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
 _MONITORING = {"type": "object", "properties": {"Logs": {"type": "object", "properties": {
-    "CloudWatch": {"type": "object", "properties": {"Enabled": _BOOL, "RetentionInDays": {"enum": list(RETENTION_IN_DAYS)},
-                                                    "DeletionPolicy": {"enum": ["Retain", "Delete"]}}},
+    "CloudWatch": {"type": "object", "properties": {
+        "Enabled": _BOOL, "RetentionInDays": {"enum": list(RETENTION_IN_DAYS)},
+        "DeletionPolicy": {"enum": ["Retain", "Delete"]}}},
 }}, "Alarms": _ENABLED}}
 _POSITIVE = {"type": "integer", "minimum": 1}
 # DevSettings.Timeouts (pcluster 3.16.1 TimeoutsSchema, Range(min=1)); the rest of DevSettings is open.

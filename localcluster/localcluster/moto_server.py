@@ -5,8 +5,8 @@ internet gateway attachment or subnet route tables (moto 5.2.5): those resources
 no-ops, so DeleteStack fails with DependencyViolation on the VPC after forgetting the stack, and
 the network stays. Real CloudFormation deletes them. This module gives moto the missing deletes,
 so the product's delete_vpc needs no moto workaround, and the PutCompositeAlarm action the cluster
-stack's head-node alarm needs (moto stores composite alarms but does not route the action). Stdlib and moto only: the tests load it into
-an in-process moto too (``install()``).
+stack's head-node alarm needs (moto stores composite alarms but does not route the action). Stdlib
+and moto only: the tests load it into an in-process moto too (``install()``).
 
 A delete that still fails (a resource with a real dependency, e.g. a VPC holding a subnet made
 outside the stack) ends as on AWS: the stack stays, DELETE_FAILED, with a DELETE_FAILED event per

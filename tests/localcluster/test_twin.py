@@ -49,7 +49,7 @@ def ssh_status(hook, command: str) -> tuple[int, str]:
     return status, out.decode() + err.decode()
 
 
-def test_slurm_user_sudo_home_and_neuron_tools_are_a_parallelcluster_nodes(uc_home: UcHome,
+def test_slurm_user_sudo_home_neuron_tools_and_alarms_are_a_parallelcluster_nodes(uc_home: UcHome,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = ["compute1-st-trn1-1", "compute1-st-trn1-2"]
     cluster = uc_home.provision(spec_dict("tw-node", min_count=2, max_count=2,
@@ -92,23 +92,18 @@ def test_slurm_user_sudo_home_and_neuron_tools_are_a_parallelcluster_nodes(uc_ho
     assert venv.split()[-1] == NEURON_VENV, venv
     assert not Path(NEURON_VENV).exists() and not Path("/opt/aws/neuron").exists()
 
-
-def test_the_stack_holds_the_head_nodes_composite_alarm(uc_home: UcHome) -> None:
-    """The alarms pcluster's cluster stack creates for the head node (monitoring.py), put once it is up."""
-    cluster = uc_home.provision(spec_dict("tw-alarm", min_count=0, max_count=1))
-    env = uc_home.env
-    cloudwatch = boto3.client("cloudwatch", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+    # The cluster stack's head-node alarms (monitoring.py), put once the head node is up.
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=uc_home.env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                               aws_access_key_id="testing", aws_secret_access_key="testing")
-    alarms = cloudwatch.describe_alarms(AlarmNamePrefix="tw-alarm-HeadNode",
+    alarms = cloudwatch.describe_alarms(AlarmNamePrefix="tw-node-HeadNode",
                                         AlarmTypes=["CompositeAlarm", "MetricAlarm"])
     metric = {a["AlarmName"]: a for a in alarms["MetricAlarms"]}
-    assert sorted(metric) == [f"tw-alarm-HeadNode-{m}" for m in
-                              ("ClustermgtdHeartbeat", "Cpu", "Disk", "Health", "Mem")]
+    assert sorted(metric) == [f"tw-node-HeadNode-{m}" for m in ("ClustermgtdHeartbeat", "Cpu", "Disk", "Health", "Mem")]
     head_id = cluster.runtime["head_node"]["instance_id"]
-    assert {"Name": "InstanceId", "Value": head_id} in metric["tw-alarm-HeadNode-Health"]["Dimensions"]
+    assert {"Name": "InstanceId", "Value": head_id} in metric["tw-node-HeadNode-Health"]["Dimensions"]
     [composite] = alarms["CompositeAlarms"]
-    assert composite["AlarmName"] == "tw-alarm-HeadNode"
-    assert composite["AlarmRule"].count("ALARM(") == 5 and ":alarm:tw-alarm-HeadNode-Cpu" in composite["AlarmRule"]
+    assert composite["AlarmName"] == "tw-node-HeadNode"
+    assert composite["AlarmRule"].count("ALARM(") == 5 and ":alarm:tw-node-HeadNode-Cpu" in composite["AlarmRule"]
 
 
 def test_a_node_past_its_bootstrap_timeout_is_failed_and_replaced(uc_home: UcHome) -> None:

@@ -150,7 +150,8 @@ def sbatch(
     wrap = (f'{path}; echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; '
             'exit "$rc"')
     argv = [
-        slurm_command("sbatch"), "--parsable", "--job-name", job_name, "--comment", comment, "--nodes", str(int(num_nodes)),
+        slurm_command("sbatch"), "--parsable", "--job-name", job_name, "--comment", comment,
+        "--nodes", str(int(num_nodes)),
         "--chdir", job_dir, "--output", _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
         "--export", "ALL",
         # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
