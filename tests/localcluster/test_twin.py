@@ -130,10 +130,12 @@ def test_a_node_past_its_bootstrap_timeout_is_failed_and_replaced(uc_home: UcHom
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     [reservation] = ec2.describe_instances(InstanceIds=[launches()[0]])["Reservations"]
     assert reservation["Instances"][0]["State"]["Name"] == "terminated"
-    # The replacement: a node that boots in time (the knob, changed in place) runs the next job.
+    # The replacement: a node that boots in time (the knob, changed in place) runs the next job, and
+    # a dynamic node (started by ResumeProgram, in slurmctld's namespace) has the Neuron venv too.
     runtime = json.loads((cluster.dir / "runtime.json").read_text())
     runtime["faults"]["boot_delay"] = 0
     (cluster.dir / "runtime.json").write_text(json.dumps(runtime))
-    job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname"))
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap",
+                                         f"{NEURON_VENV}/bin/python -c 'import torch'"))
     assert cluster.wait_job_state(job_id, {"COMPLETED"}, timeout=120) == "COMPLETED"
     assert len(launches()) == 2 and launches()[1] != launches()[0]

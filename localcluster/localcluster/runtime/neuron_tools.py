@@ -26,9 +26,21 @@ DEVICES = {"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16}
 STAND_IN_VERSION = "0.0.0+local-ultracluster-stand-in"
 
 
-def training_venv() -> str | None:
-    """The venv the nodes see as their Neuron venv (unset: a venv with the compiler stand-ins only)."""
-    return os.environ.get("LOCAL_UC_TRAINING_VENV") or None
+def training_venv(paths: ClusterPaths) -> str | None:
+    """The venv the nodes see as their Neuron venv (None: one with the compiler stand-ins only), as
+    provision found it in LOCAL_UC_TRAINING_VENV; nodes booted later (ResumeProgram runs without the
+    CLI's environment) read it back from the cluster."""
+    recorded = paths.root / "node" / "neuron-venv-base"
+    if recorded.exists():
+        return recorded.read_text().strip() or None
+    return None
+
+
+def record_training_venv(paths: ClusterPaths) -> None:
+    base = os.environ.get("LOCAL_UC_TRAINING_VENV") or ""
+    target = paths.root / "node" / "neuron-venv-base"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(str(Path(base).resolve()) if base else "")
 
 
 def unhealthy_file(paths: ClusterPaths) -> Path:
@@ -132,12 +144,13 @@ def install(layer: Path, paths: ClusterPaths, nodes: list[dict]) -> None:
         directory.chmod(0o755)
     if not unhealthy_file(paths).exists():
         set_unhealthy(paths, [])
+    record_training_venv(paths)
 
 
 def venv_overlay_arg(paths: ClusterPaths) -> str:
     """ns-exec.sh argument mounting the Neuron venv: the training venv with the stand-ins on top."""
-    base = training_venv()
+    base = training_venv(paths)
     if base is None:
         return f"{venv_additions(paths)}={NEURON_VENV}"
     # Not laid over the mount point (inside /opt's overlay): overlayfs stacks at most two deep.
-    return f"@{venv_additions(paths)}:{Path(base).resolve()}={NEURON_VENV}"
+    return f"@{venv_additions(paths)}:{base}={NEURON_VENV}"
