@@ -69,4 +69,4 @@ ENV PYTHONUSERBASE=/home/airflow/.local \
     AWS_ENDPOINT_URL=http://127.0.0.1:5055 \
     AWS_DEFAULT_REGION=us-east-1 \
     TRAINING_PYTHON=/opt/ultracluster/venvs/training/bin/python \
-    ULTRACLUSTER_TRAINING_PYTHON=/opt/ultracluster/venvs/training/bin/python
+    LOCAL_UC_TRAINING_VENV=/opt/ultracluster/venvs/training

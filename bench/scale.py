@@ -103,7 +103,7 @@ def set_connections(home: Path, endpoint: str) -> None:
         {"conn_type": "aws", "login": "testing", "password": "testing",
          "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}})
     os.environ["AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE"] = json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+        {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
          "extra": {"key_file": str(home / "keys" / "ultracluster-local")}})
 

@@ -30,7 +30,8 @@ export AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL=5
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$AIRFLOW_HOME/passwords.json
 export ULTRACLUSTER_PROFILE=${ULTRACLUSTER_PROFILE:-local}
-export ULTRACLUSTER_TRAINING_PYTHON=$venvs/training/bin/python
+# The local cluster's compute nodes see this venv as their Neuron venv (/opt/aws_neuron_venv_pytorch).
+export LOCAL_UC_TRAINING_VENV=$venvs/training
 # Connections for the local UltraCluster, written by `local-ultracluster up`.
 if [ -f "$LOCAL_ULTRACLUSTER_HOME/airflow.env" ]; then
   set -a; . "$LOCAL_ULTRACLUSTER_HOME/airflow.env"; set +a

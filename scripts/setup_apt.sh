@@ -7,6 +7,7 @@ packages=(
   openssh-server openssh-client                   # the head node
   curl ca-certificates                            # the head node fetches data through presigned URLs
   util-linux iproute2 procps psmisc               # unshare/nsenter, ss, pgrep, fuser
+  sudo                                            # the nodes' default user has passwordless sudo, as on pcluster
   python3 python3-venv python3-dev                # venvs (Python 3.11 on Debian 12)
   make git
   chromium fonts-liberation                      # the browser tests drive Debian's chromium (Playwright, no download)

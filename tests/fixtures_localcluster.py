@@ -39,6 +39,7 @@ ADMIN_BIN = LOCALCLUSTER_BIN / "local-ultracluster"
 LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
 MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
 KEY_NAME = "ultracluster-local"
+TRAINING_VENV = REPO / ".venvs" / "training"
 REGION = "us-east-1"
 
 
@@ -148,7 +149,9 @@ def moto_server() -> Iterator[str]:
 def cli_env(home: Path, endpoint: str) -> dict[str, str]:
     return {**os.environ, **TEST_SLOTS, "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION,
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0"}
+            "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0",
+            # The compute nodes' Neuron venv (/opt/aws_neuron_venv_pytorch) is the training venv.
+            "LOCAL_UC_TRAINING_VENV": str(TRAINING_VENV)}
 
 
 def run_pcluster(env: dict[str, str], *args: str, timeout: float = CLI_TIMEOUT_S) -> tuple[int, Any]:
@@ -259,6 +262,9 @@ def cluster_config(subnet_id: str, *, static: int = 0, dynamic: int = 2, instanc
             for i in range(queues)]},
         "SharedStorage": [{"MountDir": "/fsx", "Name": "fsx", "StorageType": "FsxLustre",
                            "FsxLustreSettings": {"StorageCapacity": 1200, "DeploymentType": "SCRATCH_2"}}],
+        # Tests reuse cluster names within a minute on one moto: the default (Retain) would keep the
+        # log group /aws/parallelcluster/<name>-<minute> and refuse the next cluster of that name.
+        "Monitoring": {"Logs": {"CloudWatch": {"Enabled": True, "DeletionPolicy": "Delete"}}},
     }
     if accounting:
         config["Scheduling"]["SlurmSettings"]["Database"] = {"Uri": "127.0.0.1:3306", "UserName": "slurm",

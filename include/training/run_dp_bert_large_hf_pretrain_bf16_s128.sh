@@ -83,6 +83,13 @@ if [[ -n "${NEURON_EXTRACT_GRAPHS_ONLY:-}" || "${COMPILE_ONLY:-0}" == "1" ]]; th
     compile_only=1
 fi
 
+# The Neuron compiler is called by name (neuron_parallel_compile, and torch-neuronx on a device):
+# the job's PATH must hold it, and sbatch's PATH (a non-login shell's) does not by itself.
+if (( on_trn1 )) || [[ -n "${NEURON_EXTRACT_GRAPHS_ONLY:-}" ]]; then
+    command -v neuronx-cc >/dev/null \
+        || fail "neuronx-cc not found on the job's PATH ($PATH): put the Neuron venv's bin/ on it"
+fi
+
 # ---------------------------------------------------------------- validation (before launch)
 [[ " $known_model_sizes " == *" $MODEL_SIZE "* ]] \
     || fail "unknown MODEL_SIZE '$MODEL_SIZE' (known: $known_model_sizes)"

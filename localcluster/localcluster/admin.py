@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from . import state
 from .aws import Aws, region_from_env
+from .spec import default_user
 from .worker import pid_alive, worker_alive
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:5055"
@@ -143,6 +144,8 @@ def airflow_env_text(home: Path, endpoint: str, region: str, private_key: Path) 
     pcluster = str(Path(sys.executable).with_name("pcluster"))
     cli_env = {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": region, "LOCAL_ULTRACLUSTER_HOME": str(home),
                **DUMMY_CREDENTIALS}
+    if os.environ.get("LOCAL_UC_TRAINING_VENV"):   # the compute nodes' Neuron venv (runtime/neuron_tools.py)
+        cli_env["LOCAL_UC_TRAINING_VENV"] = os.environ["LOCAL_UC_TRAINING_VENV"]
     connections = {
         "AIRFLOW_CONN_AWS_DEFAULT": {
             "conn_type": "aws", "login": DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
@@ -151,7 +154,8 @@ def airflow_env_text(home: Path, endpoint: str, region: str, private_key: Path) 
         "AIRFLOW_CONN_PCLUSTER_DEFAULT": {
             "conn_type": "pcluster", "extra": {"binary": pcluster, "region": region, "env": cli_env}},
         "AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE": {
-            "conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+            # The default user of ubuntu2204, the profiles' Image.Os (a node's user follows its Image.Os).
+            "conn_type": "ssh", "login": default_user("ubuntu2204"),
             "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
             "extra": {"key_file": str(private_key)}},
     }

@@ -2,7 +2,8 @@
 
 What pcluster would create in the account, reduced to what moto accepts: a CloudFormation stack
 named after the cluster (tagged like pcluster's, holding the head-node security group when the
-subnet is known to moto), and the cluster config in a pcluster-like S3 bucket.
+subnet is known to moto, and the cluster's log group), the head node's CloudWatch alarms
+(monitoring.py), and the cluster config in a pcluster-like S3 bucket.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from . import monitoring
 from .shapes import PCLUSTER_VERSION, iso_time
 
 CONFIG_NAME = "cluster-config.yaml"
@@ -28,6 +30,10 @@ _FAST_FAIL = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_tim
 
 class AwsUnavailable(Exception):
     """The moto endpoint did not answer."""
+
+
+class LogGroupExists(Exception):
+    """The cluster's log group name is taken (retained by an earlier cluster of the same name)."""
 
 
 def region_from_env() -> str:
@@ -157,12 +163,21 @@ class Aws:
             s3.delete_object(Bucket=bucket, Key=item["Key"])
 
     def create_stack(self, cluster_name: str, vpc_id: str | None, tags: list[tuple[str, str]],
-                     bucket: str, config_key: str, home: Path) -> str:
+                     bucket: str, config_key: str, home: Path, cluster_user: str,
+                     log_group: tuple[int, str] | None) -> str:
+        """``log_group``: (retention days, DeletionPolicy), or None when CloudWatch logging is off."""
         template = _stack_template(cluster_name, vpc_id)
+        if log_group is not None:
+            resource = monitoring.log_group_resource(cluster_name, *log_group)
+            name = resource["Properties"]["LogGroupName"]
+            # AWS fails the stack on it later; moto's create_stack would raise and leave the stack stuck.
+            if self.client("logs").describe_log_groups(logGroupNamePrefix=name).get("logGroups"):
+                raise LogGroupExists(name)
+            template["Resources"]["CloudWatchLogGroup"] = resource
         parameters = {
             "Scheduler": "slurm", "ResourcesS3Bucket": bucket,
             "ArtifactS3RootDirectory": config_key.rsplit("/configs/", 1)[0],
-            "ConfigVersion": "", "ClusterUser": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+            "ConfigVersion": "", "ClusterUser": cluster_user,
             # Not in pcluster's stacks: lets `local-ultracluster reap` find stacks whose home lost them.
             HOME_PARAMETER: str(home),
         }
@@ -172,6 +187,13 @@ class Aws:
             Tags=[{"Key": k, "Value": v} for k, v in tags],
         )
         return response["StackId"]
+
+    def put_head_node_alarms(self, cluster_name: str, head_instance_id: str, with_heartbeat: bool) -> str:
+        return monitoring.put_head_node_alarms(self.client("cloudwatch"), cluster_name, head_instance_id,
+                                               with_heartbeat, self.region, self.account_id())
+
+    def delete_head_node_alarms(self, cluster_name: str) -> None:
+        monitoring.delete_head_node_alarms(self.client("cloudwatch"), cluster_name)
 
     def stacks_of_home(self, home: Path) -> list[str]:
         """Names of live cluster stacks created from this home."""
@@ -185,6 +207,8 @@ class Aws:
         return names
 
     def delete_stack(self, cluster_name: str) -> None:
+        """The stack and what it holds: the head node's alarms too (put outside moto's CloudFormation)."""
+        self.delete_head_node_alarms(cluster_name)
         try:
             self.client("cloudformation").delete_stack(StackName=cluster_name)
         except ClientError as error:

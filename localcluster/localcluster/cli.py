@@ -28,8 +28,8 @@ from .cli_args import (
     _file_text,
     _matching,
 )
-from .aws import Aws, NotLoopback, region_from_env
-from .spec import ClusterSpec
+from .aws import Aws, LogGroupExists, NotLoopback, region_from_env
+from .spec import ClusterSpec, default_user
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn, worker_alive
 
@@ -161,9 +161,14 @@ def _start_creation(name: str, region: str, spec: ClusterSpec, config: dict[str,
         (directory / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         bucket, key = aws.upload_config(name, spec.config_yaml)
         head_vpc = vpcs.get(config["HeadNode"]["Networking"]["SubnetId"])
-        arn = aws.create_stack(name, head_vpc, tags, bucket, key, state.uc_home().resolve())
-    except BaseException:
+        arn = aws.create_stack(name, head_vpc, tags, bucket, key, state.uc_home().resolve(),
+                               default_user(spec.image_os),
+                               (spec.log_retention_days, spec.log_deletion_policy) if spec.log_group else None)
+    except BaseException as error:
         shutil.rmtree(directory, ignore_errors=True)   # nothing half-made survives a failed create
+        if isinstance(error, LogGroupExists):
+            raise Failure(f"Bad Request: CloudWatch log group {error} already exists (kept by an earlier cluster "
+                          "of this name: Monitoring.Logs.CloudWatch.DeletionPolicy Retain).") from None
         raise
     state.record("created", name, dict(tags))
     with state.update_state(name) as current:

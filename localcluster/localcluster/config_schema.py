@@ -23,11 +23,19 @@ def _strict(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[
     return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
 
 
-# Monitoring.Logs.CloudWatch.RetentionInDays: pcluster 3.16.1's OneOf (the rest of Monitoring is not modelled).
+# Monitoring.Logs.CloudWatch.RetentionInDays: pcluster 3.16.1's OneOf; Alarms and the log group's
+# DeletionPolicy shape the cluster stack (the rest of Monitoring is not modelled).
 RETENTION_IN_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1827, 3653)
 _MONITORING = {"type": "object", "properties": {"Logs": {"type": "object", "properties": {
-    "CloudWatch": {"type": "object", "properties": {"Enabled": _BOOL, "RetentionInDays": {"enum": list(RETENTION_IN_DAYS)}}},
-}}}}
+    "CloudWatch": {"type": "object", "properties": {
+        "Enabled": _BOOL, "RetentionInDays": {"enum": list(RETENTION_IN_DAYS)},
+        "DeletionPolicy": {"enum": ["Retain", "Delete"]}}},
+}}, "Alarms": _ENABLED}}
+_POSITIVE = {"type": "integer", "minimum": 1}
+# DevSettings.Timeouts (pcluster 3.16.1 TimeoutsSchema, Range(min=1)); the rest of DevSettings is open.
+_DEV_SETTINGS = {"type": "object", "properties": {"Timeouts": _strict({
+    "HeadNodeBootstrapTimeout": _POSITIVE, "ComputeNodeBootstrapTimeout": _POSITIVE,
+    "ComputeInstanceInfoTimeout": _POSITIVE})}}
 
 _TAGS = {"type": "array", "items": _strict({"Key": _STRING, "Value": _STRING}, ("Key", "Value"))}
 
@@ -91,6 +99,6 @@ CLUSTER_SCHEMA: dict[str, Any] = _strict({
         "FsxOntapSettings": _ANY_OBJECT, "FsxOpenZfsSettings": _ANY_OBJECT, "FileCacheSettings": _ANY_OBJECT,
     }, ("MountDir", "Name", "StorageType"))},
     "Iam": _ANY_OBJECT, "Monitoring": _MONITORING, "AdditionalPackages": _ANY_OBJECT, "Tags": _TAGS,
-    "CustomS3Bucket": _STRING, "AdditionalResources": _STRING, "DevSettings": _ANY_OBJECT, "Imds": _ANY_OBJECT,
+    "CustomS3Bucket": _STRING, "AdditionalResources": _STRING, "DevSettings": _DEV_SETTINGS, "Imds": _ANY_OBJECT,
     "DeploymentSettings": _ANY_OBJECT, "LoginNodes": _ANY_OBJECT, "DirectoryService": _ANY_OBJECT,
 }, ("HeadNode", "Image", "Scheduling"))

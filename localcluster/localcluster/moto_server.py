@@ -4,8 +4,9 @@ moto's CloudFormation cannot delete a VPC stack that has a NAT gateway, a VPC en
 internet gateway attachment or subnet route tables (moto 5.2.5): those resources' deletes are
 no-ops, so DeleteStack fails with DependencyViolation on the VPC after forgetting the stack, and
 the network stays. Real CloudFormation deletes them. This module gives moto the missing deletes,
-so the product's delete_vpc needs no moto workaround. Stdlib and moto only: the tests load it into
-an in-process moto too (``install()``).
+so the product's delete_vpc needs no moto workaround, and the PutCompositeAlarm action the cluster
+stack's head-node alarm needs (moto stores composite alarms but does not route the action). Stdlib
+and moto only: the tests load it into an in-process moto too (``install()``).
 
 A delete that still fails (a resource with a real dependency, e.g. a VPC holding a subnet made
 outside the stack) ends as on AWS: the stack stays, DELETE_FAILED, with a DELETE_FAILED event per
@@ -158,6 +159,16 @@ def _install_delete_failed() -> None:
 
     Stack.delete = stack_delete
     CloudFormationBackend.delete_stack = delete_stack
+    install_put_composite_alarm()
+
+
+def install_put_composite_alarm() -> None:
+    """moto stores composite alarms (PutMetricAlarm's AlarmRule; DescribeAlarms lists them) but has no
+    PutCompositeAlarm action: route it to the same handler. IAM still judges it as PutCompositeAlarm."""
+    from moto.cloudwatch.responses import CloudWatchResponse
+
+    if not hasattr(CloudWatchResponse, "put_composite_alarm"):
+        CloudWatchResponse.put_composite_alarm = CloudWatchResponse.put_metric_alarm
 
 
 def main(argv: list[str] | None = None) -> None:

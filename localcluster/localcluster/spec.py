@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, asdict
 
+# aws-parallelcluster 3.16.1: pcluster/constants.py OS_MAPPING (the OS's default user: the SSH user).
+OS_DEFAULT_USER = {"alinux2023": "ec2-user", "ubuntu2204": "ubuntu", "ubuntu2404": "ubuntu", "rhel8": "ec2-user",
+                   "rocky8": "rocky", "rhel9": "ec2-user", "rocky9": "rocky",
+                   "ubuntu2004": "ubuntu", "alinux2": "ec2-user", "centos7": "centos"}  # retired: warned (README)
+
+
+def default_user(image_os: str) -> str:
+    return OS_DEFAULT_USER[image_os]   # Image.Os is validated against the same list (config_schema.py)
+
 
 @dataclass(frozen=True)
 class ComputeResource:
@@ -31,6 +40,7 @@ class Faults:
     kill_node_after: float | None = None      # seconds after a job starts on a node
     ssh_outage: tuple[float, float] | None = None  # (after, duration) seconds after CREATE_COMPLETE
     boot_delay: float = 2.0
+    neuron_unhealthy: tuple[str, ...] = ()   # compute nodes whose neuron-ls fails
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,13 @@ class ClusterSpec:
     tags: tuple[tuple[str, str], ...] = ()    # caller's Tags from the config
     faults: Faults = field(default_factory=Faults)
     config_yaml: str = ""                     # the original text, kept for clusterConfiguration
+    image_os: str = "ubuntu2204"              # Image.Os: picks the SSH user (its default user)
+    # DevSettings.Timeouts.ComputeNodeBootstrapTimeout; pcluster 3.16.1 NODE_BOOTSTRAP_TIMEOUT is 2100 s.
+    compute_node_bootstrap_timeout: int = 2100
+    alarms: bool = True                       # Monitoring.Alarms.Enabled
+    log_group: bool = True                    # Monitoring.Logs.CloudWatch.Enabled
+    log_retention_days: int = 180             # Monitoring.Logs.CloudWatch.RetentionInDays
+    log_deletion_policy: str = "Retain"       # Monitoring.Logs.CloudWatch.DeletionPolicy
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +83,8 @@ class ClusterSpec:
             f["insufficient_capacity"] = tuple(f["insufficient_capacity"])
         if f.get("ssh_outage") is not None:
             f["ssh_outage"] = tuple(f["ssh_outage"])
+        if f.get("neuron_unhealthy") is not None:
+            f["neuron_unhealthy"] = tuple(f["neuron_unhealthy"])
         return ClusterSpec(
             name=d["name"], region=d["region"], head_instance_type=d["head_instance_type"],
             key_name=d["key_name"], queues=queues, mount_dirs=tuple(d.get("mount_dirs", ("/fsx",))),
@@ -73,4 +92,6 @@ class ClusterSpec:
             scaledown_idletime_min=d.get("scaledown_idletime_min", 10.0),
             tags=tuple(tuple(t) for t in d.get("tags", ())), faults=Faults(**f),
             config_yaml=d.get("config_yaml", ""),
+            **{k: d[k] for k in ("image_os", "compute_node_bootstrap_timeout", "alarms", "log_group",
+                                 "log_retention_days", "log_deletion_policy") if k in d},
         )

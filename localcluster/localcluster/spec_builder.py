@@ -16,6 +16,7 @@ FAULT_ENV = {
     "kill-node-after": "LOCAL_UC_KILL_NODE_AFTER",
     "ssh-outage": "LOCAL_UC_SSH_OUTAGE",
     "boot-delay": "LOCAL_UC_BOOT_DELAY",
+    "neuron-unhealthy": "LOCAL_UC_NEURON_UNHEALTHY",
 }
 FAULT_VALIDATOR = "LocalUltraClusterFaultValidator"
 
@@ -70,6 +71,7 @@ def build_faults(config: Mapping[str, Any], env: Mapping[str, str]) -> Faults:
         kill_node_after=_seconds("kill-node-after", kill_after) if kill_after else None,
         ssh_outage=outage,
         boot_delay=_seconds("boot-delay", values.get("boot-delay", "2")),
+        neuron_unhealthy=tuple(n.strip() for n in values.get("neuron-unhealthy", "").split(",") if n.strip()),
     )
 
 
@@ -99,9 +101,20 @@ def _queue(queue: Mapping[str, Any]) -> Queue:
     )
 
 
+def _monitoring(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The head node's alarms and the cluster's log group, with pcluster 3.16.1's defaults."""
+    monitoring = config.get("Monitoring") or {}
+    cloud_watch = (monitoring.get("Logs") or {}).get("CloudWatch") or {}
+    return {"alarms": bool((monitoring.get("Alarms") or {}).get("Enabled", True)),
+            "log_group": bool(cloud_watch.get("Enabled", True)),
+            "log_retention_days": int(cloud_watch.get("RetentionInDays", 180)),
+            "log_deletion_policy": str(cloud_watch.get("DeletionPolicy", "Retain"))}
+
+
 def build_spec(cluster_name: str, region: str, config: Mapping[str, Any], config_text: str,
                env: Mapping[str, str]) -> ClusterSpec:
     settings = config["Scheduling"].get("SlurmSettings") or {}
+    timeouts = (config.get("DevSettings") or {}).get("Timeouts") or {}
     return ClusterSpec(
         name=cluster_name, region=region,
         head_instance_type=config["HeadNode"]["InstanceType"],
@@ -113,4 +126,7 @@ def build_spec(cluster_name: str, region: str, config: Mapping[str, Any], config
         tags=tuple(config_tags(config)),
         faults=build_faults(config, env),
         config_yaml=config_text,
+        image_os=config["Image"]["Os"],
+        compute_node_bootstrap_timeout=int(timeouts.get("ComputeNodeBootstrapTimeout", 2100)),
+        **_monitoring(config),
     )

@@ -100,7 +100,6 @@ def deployment(e2e_home: Path, moto_server: str, tmp_path: Path) -> dict[str, st
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "ULTRACLUSTER_PROFILE": "local",
-        "ULTRACLUSTER_TRAINING_PYTHON": str(VENVS / "training" / "bin" / "python"),
         "PATH": f"{VENVS / 'airflow' / 'bin'}:{os.environ.get('PATH', '')}",
     }
 

@@ -12,20 +12,6 @@ from pathlib import Path
 
 from tests.fixtures_localcluster import LOCALCLUSTER_PYTHON
 
-# The local cluster's own outage: sshd and its sessions stopped, restarted `duration` s later
-# (localcluster/runtime/agent.py, the `ssh-outage` knob), here started at once instead of on a timer.
-_SSH_OUTAGE = """
-import sys, time
-from pathlib import Path
-from localcluster.runtime.agent import SshOutageFault
-from localcluster.runtime.paths import ClusterPaths
-fault = SshOutageFault(ClusterPaths(Path(sys.argv[1]).resolve()), time.time(), 0, float(sys.argv[2]))
-while not fault.done:
-    fault.step()
-    time.sleep(0.5)
-"""
-
-
 # The `kill-node-after` knob's fault (slurmd of the job's first node and its processes killed),
 # started from the test once train's job runs, so that it cannot hit parallel_compile's job instead.
 _KILL_NODE = """
@@ -74,7 +60,10 @@ def submissions(cluster: Path) -> int:
 
 
 def start_ssh_outage(cluster: Path, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-c", _SSH_OUTAGE, str(cluster), str(seconds)],
+    """The local cluster's own outage (the `ssh-outage` knob's: sshd and its sessions stopped, restarted
+    `seconds` later), started at once instead of on a timer."""
+    return subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime.agent", str(cluster),
+                             "ssh-outage-now", "--duration", str(seconds)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -91,7 +91,7 @@ def cluster(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch):
         {"conn_type": "aws", "login": "testing", "password": "testing",
          "extra": {"endpoint_url": endpoint, "region_name": "us-east-1"}}))
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+        {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
          "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
     yield SimpleNamespace(name=name, home=uc_home, env=uc_env, endpoint=endpoint)
@@ -161,8 +161,8 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
     assert first == {"data_dir": "/fsx/data/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128", "files": 2, "skipped": False}
     assert download.execute(ctx("download_data"))["skipped"] is True
 
-    # parallel_compile: neuron_parallel_compile is absent locally -> COMPILE_ONLY=1, as the local
-    # profile opts in (launcher_fallback_env); without the opt-in the job refuses to run.
+    # parallel_compile without TRAINING_PYTHON: neuron_parallel_compile (in the Neuron venv) is not where
+    # the job looks -> COMPILE_ONLY=1 when the caller opts in (launcher_fallback_env); else it refuses.
     training = tmp_path / "training"
     training.mkdir()
     (training / "run_dp_bert_large_hf_pretrain_bf16_s128.sh").write_text(RUN_SCRIPT)
@@ -280,7 +280,7 @@ def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, na
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
         {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-        {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+        {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
          "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
          "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
     return SimpleNamespace(name=name, home=uc_home, env=uc_env)
@@ -288,48 +288,69 @@ def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, na
 
 def test_trigger_rides_out_a_head_node_ssh_outage(uc_home, uc_env, make_cluster_config, pcluster, monkeypatch,
                                                   tmp_path, capsys):
-    import socket
+    """The job's trigger meets an outage of the head node's sshd and carries on once it is back.
 
+    No timing: the job runs until the test releases it, the outage starts once the job is submitted
+    and lasts until the test has seen the trigger fail to reach the head node (the fault reports when
+    sshd went down and came back, run/faults/ssh-outage.json)."""
+    import subprocess
+
+    from tests.fixtures_localcluster import LOCALCLUSTER_PYTHON
+    from ultracluster import remote_commands as rc
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.triggers.slurm import SlurmJobTrigger
 
-    cluster = make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, "outage",
-                           {"local-ultracluster:ssh-outage": "6:10"})
+    cluster = make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, "outage", {})
+    cluster_dir = uc_home / "clusters" / "outage"
+    fsx = Path(json.loads((cluster_dir / "runtime.json").read_text())["shared_dirs"]["/fsx"])
+    report, release = cluster_dir / "run" / "faults" / "ssh-outage.json", tmp_path / "release-sshd"
+    outage = None
     try:
-        event = wait_for_fleet(cluster, num_nodes=1)
-        assert event["status"] == "success", event
-        head = event["head_node"]
+        head = wait_for_fleet(cluster, num_nodes=1)["head_node"]
         slurm = SlurmHook(head_node=head)
-        from ultracluster import remote_commands as rc
-
         slurm.head_node_hook.check(rc.make_dirs("/fsx/jobs/outage"))
-        (tmp_path / "job.sh").write_text("#!/bin/bash\nsleep 15\necho done\n")
+        (tmp_path / "job.sh").write_text("#!/bin/bash\n"
+                                         "while [ ! -e /fsx/jobs/outage/release ]; do sleep 0.2; done\necho done\n")
         slurm.head_node_hook.put_file(str(tmp_path / "job.sh"), "/fsx/jobs/outage/job.sh", mode=0o755)
         job_id = slurm.sbatch(job_dir="/fsx/jobs/outage", script_path="/fsx/jobs/outage/job.sh", num_nodes=1,
                               job_name="uc.outage", comment="outage test", job_env={}, exclusive=False)
-        # Start watching only once sshd is really down, so the trigger must meet the outage.
-        port = int(os.environ.get("LOCAL_UC_SSH_PORT", "2222"))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                sock.settimeout(1)
-                if sock.connect_ex((head["address"], port)) != 0:
-                    break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the ssh-outage fault never stopped sshd")
+        outage = subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.runtime.agent", str(cluster_dir),
+                                   "ssh-outage-now", "--release", str(release)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         trigger = SlurmJobTrigger(head_node=head, ssh_conn_id="ultracluster_head_node", job_id=job_id,
                                   job_dir="/fsx/jobs/outage", log_path=f"/fsx/jobs/outage/slurm-{job_id}.out",
-                                  poll_interval=1, outage_timeout=120)
+                                  poll_interval=1, outage_timeout=600)
+        seen: list[str] = []
 
-        async def first():
-            async for item in trigger.run():
-                return item.payload
+        def reported(state: str) -> bool:
+            return report.exists() and json.loads(report.read_text())["state"] == state
 
-        final = asyncio.run(asyncio.wait_for(first(), timeout=180))
+        async def until(condition, what: str) -> None:
+            while not condition():
+                assert outage.poll() is None or reported("up"), f"the outage ended early: {outage.stdout.read()}"
+                seen.append("".join(capsys.readouterr()))  # the trigger logs to stdout (or stderr)
+                await asyncio.sleep(0.2)
+            seen.append(f"<{what}>")
+
+        async def drive() -> dict:
+            await until(lambda: reported("down"), "sshd down")
+            first = asyncio.ensure_future(anext(trigger.run()))
+            await until(lambda: "Head node unreachable" in "".join(seen), "trigger met the outage")
+            release.touch()
+            await until(lambda: reported("up"), "sshd up")
+            (fsx / "jobs" / "outage" / "release").touch()  # the job ends only after sshd is back
+            return (await asyncio.wait_for(first, timeout=300)).payload
+
+        # Each step waits for the one before; the bound only keeps a broken run from hanging.
+        final = asyncio.run(asyncio.wait_for(drive(), timeout=900))
         assert final["status"] == "success" and final["state"] == "COMPLETED", final
-        assert "Head node unreachable" in "".join(capsys.readouterr())  # stdout, or stderr after a CLI test
+        times = json.loads(report.read_text())
+        assert times["state"] == "up" and times["down_at"] < times["up_at"]
+        assert outage.wait(timeout=60) == 0
     finally:
+        release.touch()
+        if outage is not None and outage.poll() is None:
+            outage.wait(timeout=60)
         pcluster("delete-cluster", "-n", "outage")
         wait_until_gone(uc_env, "outage", timeout=120)
 
@@ -381,7 +402,7 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
         monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_DEFAULT", json.dumps(
             {"conn_type": "pcluster", "extra": {"binary": str(PCLUSTER_BIN), "region": "us-east-1", "env": cli_env}}))
         monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps(
-            {"conn_type": "ssh", "login": os.environ.get("LOCAL_UC_SSH_USER", "ultracluster"),
+            {"conn_type": "ssh", "login": "ubuntu",  # Image.Os ubuntu2204's default user
              "port": int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
              "extra": {"key_file": str(uc_home / "keys" / "ultracluster-local")}}))
         event = wait_for_fleet(cluster, num_nodes=1)

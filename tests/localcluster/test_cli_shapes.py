@@ -10,6 +10,7 @@ import signal
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,45 @@ def test_in_progress_shapes_then_delete_then_not_found(
     assert pcluster("describe-cluster-instances", "-n", "shapes") == (
         0, recorded("describe_cluster_instances_not_found"))
     assert pcluster("list-clusters") == (0, {"clusters": []})
+
+
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+def test_the_stack_holds_the_clusters_log_group(policy: str, pcluster: Callable[..., tuple[int, Any]],
+                                                make_cluster_config: Callable[..., Path], uc_env: dict[str, str],
+                                                uc_home: Path) -> None:
+    """As pcluster's cluster stack: /aws/parallelcluster/<name>-<yyyymmddHHMM>, the config's retention,
+    and its DeletionPolicy (Retain by default: the group outlives the cluster, and a new cluster of the
+    same name in the same minute is refused for it)."""
+    name = f"logs-{policy.lower()}"
+
+    def logging(config: dict[str, Any]) -> None:
+        cloud_watch = config["Monitoring"]["Logs"]["CloudWatch"]
+        cloud_watch["RetentionInDays"] = 14
+        if policy == "Retain":
+            cloud_watch.pop("DeletionPolicy")   # the default
+
+    config = make_cluster_config(logging, tags={"local-ultracluster:provisioning-delay": "600"})
+    assert pcluster("create-cluster", "-n", name, "-c", str(config))[0] == 0
+    resources = aws_client(uc_env, "cloudformation").describe_stack_resources(StackName=name)["StackResources"]
+    [group] = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::Logs::LogGroup"]
+    assert re.fullmatch(rf"/aws/parallelcluster/{name}-\d{{12}}", group), group
+    logs = aws_client(uc_env, "logs")
+    [described] = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"]
+    assert described["retentionInDays"] == 14
+    delete_and_wait(uc_env, uc_home, name)
+    kept = logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"]
+    assert len(kept) == (1 if policy == "Retain" else 0)
+    if policy == "Retain":
+        # Whatever minute the next create falls in, a kept group of that name is there already.
+        now = datetime.now(timezone.utc)
+        taken = {f"/aws/parallelcluster/{name}-{(now + timedelta(minutes=m)).strftime('%Y%m%d%H%M')}" for m in (0, 1)}
+        for other in taken - {group}:
+            logs.create_log_group(logGroupName=other)
+        code, out = pcluster("create-cluster", "-n", name, "-c", str(config))
+        assert code == 1 and re.match(rf"Bad Request: CloudWatch log group ({'|'.join(map(re.escape, taken))}) "
+                                      "already exists", out["message"]), out
+        for kept_group in taken | {group}:
+            logs.delete_log_group(logGroupName=kept_group)
 
 
 def test_not_found_messages_match_pcluster(pcluster: Callable[..., tuple[int, Any]]) -> None:
@@ -405,7 +445,8 @@ def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
     assert ["team", "ml"] in spec["tags"]
     # The tag wins over the variable; variables fill in what tags do not set.
     assert spec["faults"] == {"provisioning_delay": 600.0, "fail_create": None, "insufficient_capacity": ["trn1"],
-                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0}
+                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0,
+                              "neuron_unhealthy": []}
     assert spec["config_yaml"] == config.read_text()
     delete_and_wait(uc_env, uc_home, "specced")
 

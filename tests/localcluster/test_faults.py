@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 try:
-    from test_runtime import (LOCALCLUSTER_PYTHON, UcHome, assert_cluster_gone, pytestmark, run_over_ssh,
-                              sbatch_job_id, spec_dict, ssh_hook, uc_home)
+    from test_runtime import (LOCALCLUSTER_PYTHON, SLURM_BIN, UcHome, assert_cluster_gone, pytestmark,
+                              run_over_ssh, sbatch_job_id, spec_dict, ssh_hook, uc_home)
 except ImportError:   # if tests/localcluster becomes a package
-    from tests.localcluster.test_runtime import (LOCALCLUSTER_PYTHON, UcHome, assert_cluster_gone, pytestmark,
-                                                 run_over_ssh, sbatch_job_id, spec_dict, ssh_hook, uc_home)
+    from tests.localcluster.test_runtime import (LOCALCLUSTER_PYTHON, SLURM_BIN, UcHome, assert_cluster_gone,
+                                                 pytestmark, run_over_ssh, sbatch_job_id, spec_dict, ssh_hook,
+                                                 uc_home)
 
 __all__ = ["pytestmark", "uc_home", "LOCALCLUSTER_PYTHON"]
 
@@ -76,7 +77,7 @@ def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home:
     short_job = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "true"))
     assert cluster.wait_job_state(short_job, {"COMPLETED", "NODE_FAIL"}, timeout=60) == "COMPLETED"
     job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null",
-                                         "--wrap", "srun sleep 120"))
+                                         "--wrap", f"{SLURM_BIN}/srun sleep 120"))
     cluster.wait_job_state(job_id, {"RUNNING"}, timeout=60)
     first_node = cluster.slurm("scontrol", "show", "hostnames", cluster.job_field(job_id, "NodeList")).split()[0]
 
@@ -89,7 +90,7 @@ def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home:
 
     # Like clustermgtd replacing an unhealthy static node, it comes back once; no second kill.
     wait_for(lambda: cluster.node_states()[first_node] == "idle", 90, f"{first_node} to be replaced")
-    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", "srun sleep 5"))
+    job_id = sbatch_job_id(cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", f"{SLURM_BIN}/srun sleep 5"))
     assert cluster.wait_job_state(job_id, {"COMPLETED", "NODE_FAIL"}, timeout=90) == "COMPLETED"
 
     cluster.teardown()
@@ -149,7 +150,7 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     # Host key verification still passes: same key after the restart.
     assert (cluster.dir / "ssh" / "ssh_host_ed25519_key.pub").read_text() == host_key_before
     hook.client = None
-    assert "compute1-st-trn1-1" in run_over_ssh(hook, "sinfo -h -N -o %N")
+    assert "compute1-st-trn1-1" in run_over_ssh(hook, f"{SLURM_BIN}/sinfo -h -N -o %N")
     agent_log = (cluster.dir / "log" / "agent.log").read_text()
     assert "sshd" in agent_log and "restarted" in agent_log
 
@@ -160,10 +161,9 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     assert not any(running(pid) for pid in left_behind)   # swept with the old namespace
 
 
-def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHome) -> None:
+def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHome,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """wait_for_fleet's own sinfo and parse on a real Slurm: nodes denied capacity fail the wait, with the reason."""
-    import shlex
-
     from ultracluster import remote_commands
     from ultracluster.parsers.slurm import parse_sinfo
     from ultracluster.run.fleet import judge_capacity, partition_capacity
@@ -174,8 +174,8 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
     cluster.slurm("sbatch", "--nodes", "2", "--output", "/dev/null", "--wrap", "hostname")   # Slurm resumes both
     nodes = ["compute1-dy-trn1-1", "compute1-dy-trn1-2"]
     wait_for(lambda: all(cluster.node_states()[n].startswith("down") for n in nodes), 60, "both nodes to go down")
-    command = remote_commands.sinfo()
-    out = cluster.slurm(*shlex.split(command.shell))
+    command = remote_commands.sinfo()   # as wait_for_fleet runs it: over SSH, in a non-login shell
+    out = run_over_ssh(ssh_hook(cluster, monkeypatch), command.shell)
     verdict, code, reason = judge_capacity(partition_capacity(parse_sinfo(out), None, 2))
     assert (verdict, code) == (FAILED, "power_up_failed") and reason.startswith("Nodes failed to power up: "), reason
     assert all(f"{n} (down" in reason for n in nodes) and ICE_REASON in reason, reason

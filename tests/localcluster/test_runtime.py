@@ -26,9 +26,12 @@ from tests.fixtures_localcluster import processes_mentioning
 REPO = Path(__file__).resolve().parents[2]
 LOCALCLUSTER_PYTHON = REPO / ".venvs" / "localcluster" / "bin" / "python"
 KEY_NAME = "runtime-test-key"
+# Slurm's commands on a ParallelCluster node: on a login shell's PATH only, so non-login SSH commands
+# and jobs submitted without it name them in full (tests/localcluster/test_twin.py holds this).
+SLURM_BIN = "/opt/slurm/bin"
 # A slot/port range of its own so tests never meet a developer's `make up` (slots 1-99).
 TEST_ENV = {"LOCAL_UC_SLOT_MIN": "240", "LOCAL_UC_SLOT_MAX": "254", "LOCAL_UC_PORT_BASE": "20000",
-            "LOCAL_UC_DB_PORT": "20060"}
+            "LOCAL_UC_DB_PORT": "20060", "LOCAL_UC_TRAINING_VENV": str(REPO / ".venvs" / "training")}
 
 pytestmark = [
     pytest.mark.localcluster,
@@ -252,19 +255,20 @@ def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatc
     assert cluster.node_names == nodes
     hook = ssh_hook(cluster, monkeypatch)
 
-    sinfo = run_over_ssh(hook, "sinfo -h -N -o '%N %t %P'")
+    sinfo = run_over_ssh(hook, f"{SLURM_BIN}/sinfo -h -N -o '%N %t %P'")
     assert sorted(sinfo.split("\n")[:2]) == [f"{n} idle compute1*" for n in nodes]
     assert run_over_ssh(hook, "hostname").strip() == cluster.runtime["head_node"]["hostname"]
 
-    job_id = sbatch_job_id(run_over_ssh(hook, "cd ~ && sbatch --exclusive --nodes 2 --wrap 'srun hostname'"))
+    job_id = sbatch_job_id(run_over_ssh(hook, f"cd ~ && {SLURM_BIN}/sbatch --exclusive --nodes 2 "
+                                              f"--wrap '{SLURM_BIN}/srun hostname'"))
     cluster.wait_job_state(job_id, {"COMPLETED"})
     output = run_over_ssh(hook, f"cat ~/slurm-{job_id}.out")
     assert sorted(output.split()) == nodes
 
     # What the training script does for MASTER_ADDR, plus the shared /fsx seen from every node.
-    script = ("MASTER=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1); getent hosts $MASTER; "
-              "srun bash -c 'echo $(hostname) > /fsx/seen-$(hostname)'")
-    submit = f"cd ~ && sbatch --nodes 2 --output ~/resolve.out --wrap {shlex.quote(script)}"
+    script = (f"MASTER=$({SLURM_BIN}/scontrol show hostnames $SLURM_JOB_NODELIST | head -1); getent hosts $MASTER; "
+              f"{SLURM_BIN}/srun bash -c 'echo $(hostname) > /fsx/seen-$(hostname)'")
+    submit = f"cd ~ && {SLURM_BIN}/sbatch --nodes 2 --output ~/resolve.out --wrap {shlex.quote(script)}"
     job_id = sbatch_job_id(run_over_ssh(hook, submit))
     cluster.wait_job_state(job_id, {"COMPLETED"})
     resolved = run_over_ssh(hook, "cat ~/resolve.out").split()
@@ -276,7 +280,8 @@ def test_two_static_nodes_job_over_ssh_then_teardown(uc_home: UcHome, monkeypatc
     # While a 2-node job step runs, every daemon of the cluster (slurmctld, slurmd, sshd) listens on its
     # own 127.100.k.x address: nothing on 0.0.0.0, [::] or a non-loopback address. srun is the exception
     # (runtime README): it must listen on 0.0.0.0 because slurmstepd connects back to 127.0.0.1.
-    job_id = sbatch_job_id(run_over_ssh(hook, "cd ~ && sbatch --nodes 2 --output /dev/null --wrap 'srun sleep 300'"))
+    job_id = sbatch_job_id(run_over_ssh(hook, f"cd ~ && {SLURM_BIN}/sbatch --nodes 2 --output /dev/null "
+                                              f"--wrap '{SLURM_BIN}/srun sleep 300'"))
     cluster.wait_job_state(job_id, {"RUNNING"})
     deadline = time.monotonic() + 60
     ours: list[Listener] = []

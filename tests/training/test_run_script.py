@@ -88,6 +88,29 @@ def test_local_clusters_running_at_once_get_distinct_rendezvous_ports(data_dir, 
     assert {p - 17 * slot for slot, p in ports.items()} == {ports[7] - 17 * 7}  # one offset, the job's
 
 
+@pytest.mark.parametrize("compiler_on_path", [False, True])
+def test_a_neuron_compile_job_checks_the_compiler_first(data_dir, tmp_path, compiler_on_path):
+    """Under neuron_parallel_compile (NEURON_EXTRACT_GRAPHS_ONLY) the compiler must be on the job's PATH:
+    without it the job stops before it launches anything, naming neuronx-cc."""
+    bin_dir = tmp_path / "venv-bin"
+    bin_dir.mkdir()
+    if compiler_on_path:
+        (bin_dir / "neuronx-cc").write_text("#!/bin/sh\n")
+        (bin_dir / "neuronx-cc").chmod(0o755)
+    env = {**tiny_env(data_dir, tmp_path / "out"), **slurm_env(1, 0, "11"), "MASTER_ADDR": "127.0.0.1",
+           "TRAINING_PYTHON": str(fake_training_python(tmp_path, 0)), "NEURON_EXTRACT_GRAPHS_ONLY": "1",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = run_script_once(env)
+
+    if compiler_on_path:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "compile_only=1" in done.stdout
+    else:
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"UC_ERROR neuronx-cc not found on the job's PATH ({bin_dir}:/usr/bin:/bin)" in done.stdout
+        assert not (tmp_path / "tmpdir-seen").exists() and not (tmp_path / "out").exists()
+
+
 def fake_training_python(tmp_path: Path, exit_code: int) -> Path:
     """Stands in for the training Python: records the temporary directory it was given, then exits."""
     fake = tmp_path / f"fake-python-{exit_code}"

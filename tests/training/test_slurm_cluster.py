@@ -1,7 +1,7 @@
 """The training job on a real 2-node Slurm cluster of the local UltraCluster, submitted as the product does:
 
     sbatch --exclusive --nodes 2 --output <jobdir>/slurm-%j.out --export=ALL,... \
-           --wrap "srun <jobdir>/run_dp_bert_large_hf_pretrain_bf16_s128.sh"
+           --wrap "/opt/slurm/bin/srun <jobdir>/run_dp_bert_large_hf_pretrain_bf16_s128.sh"
 
 from a job directory on the cluster's /fsx. Every test here needs the cluster (fixture two_node_cluster).
 """
@@ -27,6 +27,8 @@ LOCALCLUSTER_PYTHON = REPO / ".venvs" / "localcluster" / "bin" / "python"
 # Slots of their own (a developer's `make up` uses 1-99, other test suites 200-254).
 CLUSTER_ENV = {"LOCAL_UC_SLOT_MIN": "180", "LOCAL_UC_SLOT_MAX": "199", "LOCAL_UC_PORT_BASE": "20000",
                "LOCAL_UC_DB_PORT": "20090"}
+# On the nodes Slurm's programs are in /opt/slurm/bin only (a ParallelCluster node; docs/local-cluster.md).
+SRUN = "/opt/slurm/bin/srun"
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 pytestmark = [
@@ -121,7 +123,7 @@ def submit(cluster: SlurmCluster, job_dir: tuple[Path, str], data_dir: Path | st
     export_arg = "ALL," + ",".join(f"{k}={v}" for k, v in exports.items())
     out = cluster.slurm("sbatch", "--exclusive", "--nodes", "2", "--chdir", inside,
                         "--output", f"{inside}/slurm-%j.out", "--export", export_arg,
-                        "--wrap", f"srun {inside}/run_dp_bert_large_hf_pretrain_bf16_s128.sh", user=user)
+                        "--wrap", f"{SRUN} {inside}/run_dp_bert_large_hf_pretrain_bf16_s128.sh", user=user)
     assert out.startswith("Submitted batch job "), out
     return out.split()[-1]
 

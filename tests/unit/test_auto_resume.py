@@ -11,17 +11,9 @@ import shlex
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from tests.unit.test_slurm_job import (
-    OK,
-    TRAIN_NAME,
-    DictStore,
-    ReplayHeadNode,
-    context,
-    operator,
-    recorded,
-    squeue_line,
-    training_dir,  # noqa: F401 (a fixture)
-)
+from tests.unit.test_slurm_job import (OK, TRAIN_NAME, DictStore, ReplayHeadNode, context, operator, recorded,
+                                       squeue_line, training_dir)  # noqa: F401 (training_dir is a fixture)
+from ultracluster import remote_commands as rc
 from ultracluster.run.events import event
 from ultracluster.hooks.head_node import CommandResult
 from ultracluster.operators.slurm_resume import STATE_KEY_AUTO_RESUME
@@ -49,9 +41,10 @@ def listing(*names: str) -> CommandResult:
 
 
 def sbatch_env(replay: ReplayHeadNode) -> dict[str, str]:
-    (call,) = [c for c in replay.calls if "sbatch" in shlex.split(c.shell)]
+    sbatch = rc.slurm_command("sbatch")
+    (call,) = [c for c in replay.calls if sbatch in shlex.split(c.shell)]
     words = shlex.split(call.shell)
-    return dict(w.split("=", 1) for w in words[1:words.index("sbatch")])
+    return dict(w.split("=", 1) for w in words[1:words.index(sbatch)])
 
 
 @pytest.mark.parametrize("state, reason, fault", [

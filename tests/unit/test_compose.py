@@ -486,11 +486,9 @@ def test_local_cluster_image_installs_from_the_repo_files():
     assert "bash /opt/ultracluster/scripts/setup_apt.sh" in stage
     assert "-r /opt/ultracluster/localcluster/requirements.lock" in stage
     assert "scripts/setup_training_venv.sh" in stage
-    # the venv the DAG's local profile is told about (ULTRACLUSTER_TRAINING_PYTHON)
+    # the venv the local cluster's compute nodes see as their Neuron venv (LOCAL_UC_TRAINING_VENV)
     assert "TRAINING_VENV_DIR=/opt/ultracluster/venvs/training" in stage
-    compose = load_compose()
-    assert env_of(compose["services"]["airflow-dag-processor"])["ULTRACLUSTER_TRAINING_PYTHON"] == \
-        "/opt/ultracluster/venvs/training/bin/python"
+    assert "LOCAL_UC_TRAINING_VENV=/opt/ultracluster/venvs/training" in stage
 
 
 def test_the_deployment_is_documented():

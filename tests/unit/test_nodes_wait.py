@@ -22,6 +22,9 @@ from ultracluster.parsers.slurm import parse_wait_end
 import ultracluster.triggers.fleet as fleet_trigger_module
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 
+# Stand-in Slurm programs live in tmp_path/bin (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("slurm_stand_ins")
+
 
 def when(condition, action) -> threading.Thread:
     """Run ``action`` in a thread once ``condition()`` holds (the test gives up after 60 s)."""

@@ -14,6 +14,9 @@ from ultracluster import remote_commands as rc
 from ultracluster.parsers.progress import error_reasons, parse_launch
 from ultracluster.run.names import JOB_NAME_MAX, slurm_job_name
 
+# Stand-in Slurm programs live in tmp_path/bin (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("slurm_stand_ins")
+
 HOSTILE = [
     "a'b; touch PWNED",
     'a"b$(touch PWNED)',
@@ -75,7 +78,7 @@ def test_job_ids_are_validated(bad):
 
 
 def test_array_job_id_allowed():
-    assert shlex.split(rc.scancel("123_4").shell) == ["scancel", "123_4"]
+    assert shlex.split(rc.scancel("123_4").shell) == [rc.slurm_command("scancel"), "123_4"]
 
 
 def _fake_bin(tmp_path, name: str) -> None:

@@ -57,7 +57,7 @@ def program(command: rc.RemoteCommand) -> str:
     if words := list(argv(command) or ()):
         while words and (words[0] == "env" or "=" in words[0]):
             words.pop(0)
-        return words[0]
+        return words[0].removeprefix(rc.SLURM_BIN + "/")
     return command.description.split()[0]
 
 
@@ -465,7 +465,7 @@ def test_on_kill_cancels_the_job(training_dir):
     assert replay.calls == []  # nothing submitted yet: nothing to cancel
     op._running = (op.job(context()), "12")  # a worker-side wait on job 12
     op.on_kill()
-    assert [argv(c) for c in replay.calls] == [("scancel", "12")]
+    assert [argv(c) for c in replay.calls] == [(rc.slurm_command("scancel"), "12")]
 
 
 # ------------------------------------------------------------------------------- trigger
@@ -581,7 +581,7 @@ def test_trigger_on_kill_cancels_unless_still_deferred(monkeypatch):
 
     monkeypatch.setattr(slurm_trigger_module, "task_is_still_deferred", killed)
     asyncio.run(t.on_kill())
-    assert [argv(c) for c in replay.calls] == [("scancel", "21")]
+    assert [argv(c) for c in replay.calls] == [(rc.slurm_command("scancel"), "21")]
 
 
 def test_trigger_on_kill_connects_before_the_state_read(monkeypatch):
@@ -606,7 +606,7 @@ def test_trigger_on_kill_connects_before_the_state_read(monkeypatch):
 
     monkeypatch.setattr(slurm_trigger_module, "task_is_still_deferred", killed)
     asyncio.run(t.on_kill())
-    assert order == ["connect", "state read"] and [argv(c) for c in replay.calls] == [("scancel", "21")]
+    assert order == ["connect", "state read"] and [argv(c) for c in replay.calls] == [(rc.slurm_command("scancel"), "21")]
 
 
 def test_non_deferrable_waits_in_the_worker(training_dir):

@@ -14,6 +14,9 @@ import pytest
 from ultracluster import remote_commands as rc
 from ultracluster.parsers.slurm import parse_wait_end
 
+# Stand-in Slurm programs live in tmp_path/bin (tests/unit/conftest.py).
+pytestmark = pytest.mark.usefixtures("slurm_stand_ins")
+
 SQUEUE = """#!/bin/bash
 state=$(cat "$UC_TEST_STATE")
 case "$state" in

@@ -1,9 +1,13 @@
-"""Per-cluster agent (the local clustermgtd): injects the kill-node and ssh-outage faults.
+"""Per-cluster agent: injects the kill-node and ssh-outage faults.
 
 Run as `python -m localcluster.runtime.agent CLUSTER_DIR`; exits once every fault has played out.
+`python -m localcluster.runtime.agent CLUSTER_DIR ssh-outage-now (--duration S | --release FILE)` starts
+an ssh outage at once (tests: the sshd-outage e2e case, the trigger's outage test).
 """
 from __future__ import annotations
 
+import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -86,16 +90,38 @@ class KillNodeFault:
 
 
 class SshOutageFault:
-    """Stop sshd `after` seconds after the cluster became ready; start it again `duration` later."""
+    """Stop sshd `after` seconds after `start_epoch`; start it again `duration` seconds later or, with
+    `release`, only once that file exists (a test holds the outage until it has seen it).
 
-    def __init__(self, paths: ClusterPaths, ready_epoch: float, after: float, duration: float) -> None:
-        self.paths = paths
-        self.down_at, self.up_at = ready_epoch + after, ready_epoch + after + duration
+    Reports both moments in run/faults/ssh-outage.json ({"state": "down"|"up", "down_at", "up_at"}, epoch
+    seconds), written as they happen, so a watcher needs no timing of its own."""
+
+    def __init__(self, paths: ClusterPaths, start_epoch: float, after: float, duration: float | None,
+                 release: Path | None = None) -> None:
+        if duration is None and release is None:
+            raise ValueError("an ssh outage needs a duration or a release file")
+        self.paths, self.release = paths, release
+        self.down_at = start_epoch + after
+        self.up_at = None if duration is None else self.down_at + duration
         self.state = "before"
+        self.report: dict[str, float | str | None] = {"state": "before", "down_at": None, "up_at": None}
 
     @property
     def done(self) -> bool:
         return self.state == "after"
+
+    def _report(self, **fields: float | str) -> None:
+        self.report.update(fields)
+        target = outage_report(self.paths)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.report))
+        tmp.replace(target)
+
+    def _over(self, now: float) -> bool:
+        if self.release is not None:
+            return self.release.exists()
+        return self.up_at is not None and now >= self.up_at
 
     def step(self) -> None:
         now = time.time()
@@ -107,13 +133,28 @@ class SshOutageFault:
             stopped = kill_pids(sorted(p for p in in_sshd_namespace if cmdline(p).startswith("sshd")), grace=1.0)
             log(f"ssh-outage: sshd {info.get('pid')} stopped with its sessions: {stopped}")
             self.state = "down"
-        if self.state == "down" and now >= self.up_at:
+            self._report(state="down", down_at=time.time())
+        if self.state == "down" and self._over(now):
             runtime = load_runtime(self.paths)
             head = runtime["head_node"]
             launched = sshd.start_sshd(self.paths, head["hostname"], head["ip"], head["ssh_port"],
                                        runtime["mount_dirs"])
             log(f"ssh-outage: sshd restarted as {launched.pid}")
             self.state = "after"
+            self._report(state="up", up_at=time.time())
+
+
+def outage_report(paths: ClusterPaths) -> Path:
+    return paths.run / "faults" / "ssh-outage.json"
+
+
+def outage_now(cluster_dir: Path, duration: float | None, release: Path | None) -> int:
+    """An ssh outage started at once (tests drive it), until `duration` passes or `release` exists."""
+    fault = SshOutageFault(cluster_paths(cluster_dir), time.time(), 0.0, duration, release)
+    while not fault.done:
+        fault.step()
+        time.sleep(0.2)
+    return 0
 
 
 def run(cluster_dir: Path) -> int:
@@ -143,7 +184,17 @@ def run(cluster_dir: Path) -> int:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    return run(Path(argv[0]))
+    parser = argparse.ArgumentParser(prog="python -m localcluster.runtime.agent")
+    parser.add_argument("cluster_dir", type=Path)
+    sub = parser.add_subparsers(dest="action")
+    now = sub.add_parser("ssh-outage-now")
+    ends = now.add_mutually_exclusive_group(required=True)
+    ends.add_argument("--duration", type=float)
+    ends.add_argument("--release", type=Path)
+    args = parser.parse_args(argv)
+    if args.action == "ssh-outage-now":
+        return outage_now(args.cluster_dir, args.duration, args.release)
+    return run(args.cluster_dir)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import RuntimeProvisionError
+from .node_root import overlay_args
 from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .procs import (kill_pids, ns_inode, pid_alive, pids_in_namespaces, read_pid, shared_uts_inodes,
                     wait_for_pid_file)
@@ -40,16 +41,17 @@ class Launched:
     mnt_ns: int
 
 def launch_in_namespace(paths: ClusterPaths, hostname: str, pid_file: Path, log_file: Path,
-                        argv: list[str], mount_dirs: list[str], fresh_boot: bool = False,
+                        argv: list[str], mount_dirs: list[str], role: str, fresh_boot: bool = False,
                         extra_env: dict[str, str] | None = None, extra_binds: Sequence[str] = ()) -> Launched:
-    """Start argv as `hostname`; returns once the daemon's own PID is known (it is written from inside)."""
+    """Start argv as `hostname`, a `role` ("head" or "compute") node; returns once the daemon's own PID
+    is known (it is written from inside)."""
     cmd = ["unshare", "--mount", "--uts", "--propagation", "private"]
     if fresh_boot:
         # A resumed slurmd must report a boot time after its power-up request, or slurmctld ignores it.
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         cmd += ["--fork", "--time", f"--boottime=-{int(uptime)}"]
     cmd += ["/bin/sh", ns_exec_script(), hostname, str(paths.hosts_file), str(paths.slurm_conf.parent),
-            str(pid_file), *shared_binds(paths, mount_dirs), *extra_binds, "--", *argv]
+            str(pid_file), *shared_binds(paths, mount_dirs), *overlay_args(paths, role), *extra_binds, "--", *argv]
     pid_file.unlink(missing_ok=True)
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
            "SLURM_CONF": str(paths.slurm_conf), "LANG": "C.UTF-8"}
@@ -117,7 +119,7 @@ def start_slurmd(paths: ClusterPaths, name: str, mount_dirs: list[str], fresh_bo
     launched = launch_in_namespace(
         paths, name, slurmd_pid_file(paths, name), paths.logs / f"slurmd-{name}.out",
         ["/usr/sbin/slurmd", "-D", "-f", str(paths.slurm_daemon_conf), "-N", name],
-        mount_dirs, fresh_boot=fresh_boot, extra_binds=[f"{paths.node_spool(name)}={NODE_SPOOL_DIR}"])
+        mount_dirs, role="compute", fresh_boot=fresh_boot, extra_binds=[f"{paths.node_spool(name)}={NODE_SPOOL_DIR}"])
     state = NodeState(name=name, state="running", pid=launched.pid, uts_ns=launched.uts_ns,
                       instance_id=instance[0] if instance else None,
                       launch_time=instance[1] if instance else None)
@@ -151,7 +153,7 @@ def head_launch(paths: ClusterPaths, head_name: str, daemon: str, argv: list[str
                 mount_dirs: list[str], extra_env: dict[str, str] | None = None) -> Launched:
     """A head-node daemon (slurmctld, slurmdbd, sshd), each in its own head-node-like namespace."""
     launched = launch_in_namespace(paths, head_name, paths.run / f"{daemon}.launch.pid",
-                                   paths.logs / f"{daemon}.out", argv, mount_dirs, extra_env=extra_env)
+                                   paths.logs / f"{daemon}.out", argv, mount_dirs, role="head", extra_env=extra_env)
     record_daemon(paths, daemon, launched)
     return launched
 

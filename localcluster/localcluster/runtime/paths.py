@@ -16,10 +16,6 @@ def uc_home() -> Path:
     return Path(os.environ.get("LOCAL_ULTRACLUSTER_HOME", DEFAULT_HOME))
 
 
-def ssh_user() -> str:
-    return os.environ.get("LOCAL_UC_SSH_USER", "ultracluster")
-
-
 def ssh_port() -> int:
     return int(os.environ.get("LOCAL_UC_SSH_PORT", "2222"))
 
@@ -113,6 +109,10 @@ class ClusterPaths:
     @property
     def bin(self) -> Path:
         return self.root / "bin"
+
+    def node_layer(self, role: str) -> Path:
+        """A tree laid over the host's directories inside the nodes (node_root.py)."""
+        return self.root / "node" / role
 
     def node_spool(self, node_name: str) -> Path:
         return self.spool / f"slurmd-{node_name}"

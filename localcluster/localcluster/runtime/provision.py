@@ -11,11 +11,11 @@ from pathlib import Path
 
 from ..aws import endpoint_url
 from ..spec import ClusterSpec
-from . import accounting, munge, sshd
+from . import accounting, munge, neuron_tools, node_root, sshd
 from .errors import RuntimeProvisionError
 from .layout import ComputeNode, compute_nodes, count_compute_nodes, head_hostname, hosts_file_text
 from .nodes import head_launch, start_slurmd, utc_now_iso
-from .paths import ClusterPaths, ssh_port, ssh_user
+from .paths import ClusterPaths, ssh_port
 from .procs import wait_listening
 from .runtime_state import cluster_paths, runtime_aws, save_runtime
 from .slots import Slot, allocate_slot
@@ -70,7 +70,7 @@ def _make_dirs(paths: ClusterPaths, spec: ClusterSpec) -> None:
 
 
 def _write_power_scripts(paths: ClusterPaths, resume_timeout_s: int) -> None:
-    for action in ("resume", "suspend"):
+    for action in ("resume", "suspend", "resume-fail"):
         script = paths.bin / action
         script.write_text(f"#!/bin/sh\nexec {sys.executable} -I -m localcluster.runtime.power {action} "
                           f"{paths.root} \"$@\"\n")
@@ -94,7 +94,7 @@ def ctld_prolog_script(paths: ClusterPaths, resume_timeout_s: int) -> str:
 export SLURM_CONF={paths.slurm_conf}
 deadline=$(( $(date +%s) + {resume_timeout_s} ))
 while [ "$(date +%s)" -lt "$deadline" ]; do
-    states=$({shutil.which("sinfo") or "sinfo"} -h -N -n "$SLURM_JOB_NODELIST" -o %t 2>/dev/null) || exit 0
+    states=$({node_root.slurm_bin(paths) / "sinfo"} -h -N -n "$SLURM_JOB_NODELIST" -o %t 2>/dev/null) || exit 0
     case "$states" in
         *down*|*drain*|*fail*) exit 0 ;;   # the job's fate is Slurm's, not the prolog's
         *'~'*|*'#'*|*'%'*) sleep 0.2 ;;    # powered down, powering up or down
@@ -115,7 +115,8 @@ def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: 
                       "instance_type": spec.head_instance_type},
         # Every node is also an EC2 instance in moto, launched and terminated with it (instances.md).
         "aws": {"region": spec.region, "endpoint": endpoint_url()},
-        "ssh_user": ssh_user(),
+        "ssh_user": node_root.default_user(spec.image_os),
+        "compute_node_bootstrap_timeout": spec.compute_node_bootstrap_timeout,
         "slurm": {"cluster_name": slurm_cluster_name(spec.name), "conf": str(paths.slurm_conf),
                   "slurmctld_port": slot.slurmctld_port,
                   "slurmdbd_port": slot.slurmdbd_port if spec.accounting else None,
@@ -129,7 +130,8 @@ def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: 
         "faults": {"insufficient_capacity": list(spec.faults.insufficient_capacity),
                    "kill_node_after": spec.faults.kill_node_after,
                    "ssh_outage": list(spec.faults.ssh_outage) if spec.faults.ssh_outage else None,
-                   "boot_delay": spec.faults.boot_delay},
+                   "boot_delay": spec.faults.boot_delay,
+                   "neuron_unhealthy": list(spec.faults.neuron_unhealthy)},
         "compute_fleet_status": "RUNNING",
         "ready_at": None,
         "ready_at_epoch": None,
@@ -149,6 +151,9 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
     paths.hosts_file.write_text(hosts_file_text(head_name, slot.head_ip, nodes))
     paths.hosts_file.chmod(0o644)
     mounts = list(spec.mount_dirs)
+    user = runtime["ssh_user"]
+    node_root.build(paths, user, runtime["nodes"])
+    neuron_tools.set_unhealthy(paths, list(spec.faults.neuron_unhealthy))
 
     munge.create_munge_key(paths)
     munge.start_munged(paths)
@@ -181,13 +186,14 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
     if static and not wait_nodes_state(paths, [n.name for n in static], {"idle"}, NODE_READY_TIMEOUT_S):
         raise RuntimeProvisionError(f"static nodes did not become idle; see {paths.logs}/slurmd-*.log")
 
-    user = ssh_user()
     prepare_shared_home(paths, user)
     sshd.create_host_key(paths)
     sshd.install_authorized_key(paths, spec.key_name)
     sshd.write_sshd_config(paths, slot.head_ip, ssh_port(), user)
     sshd.start_sshd(paths, head_name, slot.head_ip, ssh_port(), mounts)
 
+    if spec.alarms:   # after the head node, as the stack's alarms depend on its wait condition
+        runtime_aws(runtime).put_head_node_alarms(spec.name, head["instance_id"], with_heartbeat=spec.log_group)
     runtime["ready_at"] = utc_now_iso()
     runtime["ready_at_epoch"] = time.time()
     return runtime

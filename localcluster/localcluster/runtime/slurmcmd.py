@@ -1,10 +1,11 @@
-"""Run Slurm client commands against one cluster (from the host; SLURM_CONF picks the cluster)."""
+"""Run Slurm client commands against one cluster (from the host or a node; SLURM_CONF picks the cluster)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import time
 
+from .node_root import slurm_bin
 from .paths import ClusterPaths
 
 
@@ -15,7 +16,9 @@ def slurm_env(paths: ClusterPaths) -> dict[str, str]:
 
 
 def slurm(paths: ClusterPaths, *args: str, timeout: float = 20.0, check: bool = True) -> str:
-    done = subprocess.run(list(args), env=slurm_env(paths), capture_output=True, text=True, timeout=timeout)
+    # /opt/slurm/bin's copy: Debian's /usr/bin commands are hidden inside the nodes (ResumeProgram runs there).
+    argv = [str(slurm_bin(paths) / args[0]), *args[1:]]
+    done = subprocess.run(argv, env=slurm_env(paths), capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
         raise subprocess.CalledProcessError(done.returncode, args, done.stdout, done.stderr)
     return done.stdout

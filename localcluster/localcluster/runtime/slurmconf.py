@@ -11,7 +11,6 @@ from .paths import NODE_SPOOL_DIR, ClusterPaths
 from .slots import Slot
 
 CPUS_PER_NODE = 2            # what this machine has; every node advertises the same
-RESUME_TIMEOUT_S = 120       # on top of boot_delay; pcluster uses 1800 s, a local boot takes ~1 s
 SUSPEND_TIMEOUT_S = 5        # how long a node stays "powering down" (idle%) before it is idle~ again
 SLURMD_TIMEOUT_S = 60
 
@@ -26,7 +25,8 @@ class Accounting:
 
 
 def resume_timeout(spec: ClusterSpec) -> int:
-    return RESUME_TIMEOUT_S + int(spec.faults.boot_delay)
+    """ResumeTimeout is the compute node bootstrap timeout, as the cookbook's slurm_parallelcluster.conf has it."""
+    return int(spec.compute_node_bootstrap_timeout)
 
 
 def slurm_cluster_name(name: str) -> str:
@@ -88,6 +88,9 @@ def render_slurm_conf(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_n
         "PrivateData=cloud",
         f"ResumeProgram={paths.bin}/resume",
         f"SuspendProgram={paths.bin}/suspend",
+        # A node not up by ResumeTimeout: pcluster's slurm.conf hands it to slurm_suspend, and clustermgtd
+        # replaces it; both are local power.py's resume-fail.
+        f"ResumeFailProgram={paths.bin}/resume-fail",
         f"ResumeTimeout={resume_timeout(spec)}",
         # Ends when the job's nodes are up, so Slurm 22.05 launches it then, not at its next 30 s check.
         f"PrologSlurmctld={paths.bin}/ctld-prolog",

@@ -48,7 +48,6 @@ def write_sshd_config(paths: ClusterPaths, ip: str, port: int, user: str) -> Pat
         "StrictModes no",
         "PermitRootLogin no",
         f"AllowUsers {user}",
-        f"SetEnv SLURM_CONF={paths.slurm_conf}",
         "X11Forwarding no",
         "PrintMotd no",
         "MaxStartups 50:30:100",

@@ -1,4 +1,5 @@
-"""The cluster user (LOCAL_UC_SSH_USER): a real account whose home lives in each cluster's /home."""
+"""The cluster user (Image.Os's default user, e.g. ubuntu): a real account whose home lives in each
+cluster's /home; its sudo rights exist only inside the nodes (node_root.py)."""
 from __future__ import annotations
 
 import os

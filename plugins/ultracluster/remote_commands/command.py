@@ -13,7 +13,7 @@ _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 @dataclass(frozen=True)
 class RemoteCommand:
-    """A command for the head node's login shell.
+    """A command for the head node's shell: a non-login one (SSH exec), so PATH holds no /opt/slurm/bin.
 
     ``shell`` is the exact text run; ``stdin`` carries data (possibly secret) written to the
     command's standard input.

@@ -13,15 +13,25 @@ from ultracluster.remote_commands.command import RemoteCommand, check_job_id, en
 SINFO_FORMAT = "%P|%a|%D|%T|%N|%E"
 SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%k"
 
+# ParallelCluster installs Slurm here and puts its bin/ on PATH only for login shells
+# (/etc/profile.d/slurm.sh, from the cookbook); remote commands run in non-login shells and jobs
+# inherit sbatch's PATH, so every Slurm command is named in full.
+SLURM_BIN = "/opt/slurm/bin"
+
 # Slurm job states squeue is asked about when looking for a job to reattach to.
 _ALL_STATES = "all"
 
 # ----------------------------------------------------------------------------------------- Slurm
 
 
+def slurm_command(name: str) -> str:
+    """The absolute path of one of Slurm's commands on a ParallelCluster node."""
+    return posixpath.join(SLURM_BIN, name)
+
+
 def sinfo(partition: str | None = None) -> RemoteCommand:
     """One line per node and partition: partition|avail|count|state|node|reason."""
-    argv = ["sinfo", "--noheader", "--Node", "--format", SINFO_FORMAT]
+    argv = [slurm_command("sinfo"), "--noheader", "--Node", "--format", SINFO_FORMAT]
     if partition:
         argv += ["--partition", partition]
     return from_argv(*argv)
@@ -29,19 +39,22 @@ def sinfo(partition: str | None = None) -> RemoteCommand:
 
 def squeue_by_name(job_name: str) -> RemoteCommand:
     """Live and recently finished (still in slurmctld memory) jobs with this exact name."""
-    return from_argv("squeue", "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT)
+    return from_argv(
+        slurm_command("squeue"), "--noheader", "--states", _ALL_STATES, "--name", job_name, "--format", SQUEUE_FORMAT
+    )
 
 
 def squeue_job(job_id: str | int) -> RemoteCommand:
     """The job with this id (live or recently finished): its name and comment say whose it is."""
     return from_argv(
-        "squeue", "--noheader", "--states", _ALL_STATES, "--jobs", check_job_id(job_id), "--format", SQUEUE_FORMAT
+        slurm_command("squeue"), "--noheader", "--states", _ALL_STATES, "--jobs", check_job_id(job_id),
+        "--format", SQUEUE_FORMAT,
     )
 
 
 def scontrol_show_job(job_id: str | int) -> RemoteCommand:
     # The one-line form keeps the parse simple; the parser accepts both forms anyway.
-    return from_argv("scontrol", "--oneliner", "show", "job", check_job_id(job_id))
+    return from_argv(slurm_command("scontrol"), "--oneliner", "show", "job", check_job_id(job_id))
 
 
 def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
@@ -49,14 +62,14 @@ def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
 
     With ``job_name`` only a job of that id AND name is listed (a rebuilt cluster reuses ids).
     """
-    argv = ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", check_job_id(job_id)]
+    argv = [slurm_command("sacct"), "--noheader", "--parsable2", "--allocations", "--jobs", check_job_id(job_id)]
     if job_name:
         argv += ["--name", job_name]
     return from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
 
 
 def scancel(job_id: str | int) -> RemoteCommand:
-    return from_argv("scancel", check_job_id(job_id))
+    return from_argv(slurm_command("scancel"), check_job_id(job_id))
 
 
 # The job's files next to each other in its directory: the Slurm log (out), srun's exit code (exit)
@@ -87,10 +100,13 @@ def sbatch(
 
     The job environment is set with ``env NAME=value sbatch --export ALL``: sbatch hands its own
     environment to the job, and unlike ``--export=ALL,NAME=value`` a value may contain commas.
+    The job's PATH is sbatch's, which lacks the Neuron venv, /opt/aws/neuron/bin and /opt/slurm/bin
+    (only a login shell's /etc/profile.d adds them): the wrap puts the absolute ``launcher_dirs`` (the
+    training environment's bin/, the Neuron tools) and ``SLURM_BIN`` in front of it, so the run
+    script and Neuron's compile wrapper find neuronx-cc and scontrol by name.
     ``launcher`` is resolved on the batch node before srun (with MinCount 0 no compute node exists
     before submission): the first executable ``<dir>/<launcher>`` of ``launcher_dirs``, else PATH.
-    The job's PATH is sbatch's, which lacks the Neuron venv and /opt/aws/neuron/bin (only
-    /etc/profile.d adds them), hence the directories. The choice is printed as a ``UC_INFO launch``
+    The choice is printed as a ``UC_INFO launch``
     line and written to ``slurm-<jobid>.launch``. When it is missing the job prints ``UC_ERROR`` and
     exits 2, unless ``launcher_fallback_env`` is given: then the script runs without it, with that
     env added (the script's compile-only mode; only a profile that says so passes it).
@@ -101,7 +117,7 @@ def sbatch(
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
     assignments = env_words(job_env)
-    run = shlex.join(["srun", script_path])
+    run = shlex.join([slurm_command("srun"), script_path])
     if launcher:
         run = _launch(launcher, launcher_dirs, launcher_fallback_env, script_path, job_dir)
     # The batch shell fills in the id; the name tells whose exit marker it is once job ids repeat
@@ -110,9 +126,13 @@ def sbatch(
         _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind=kind)
         for kind in ("exit", "name")
     )
-    wrap = f'echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; exit "$rc"'
+    path_dirs = [d for d in dict.fromkeys([*launcher_dirs, SLURM_BIN]) if d and posixpath.isabs(d)]
+    path = f'export PATH={shlex.quote(":".join(path_dirs))}:"$PATH"'
+    wrap = (f'{path}; echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; '
+            'exit "$rc"')
     argv = [
-        "sbatch", "--parsable", "--job-name", job_name, "--comment", comment, "--nodes", str(int(num_nodes)),
+        slurm_command("sbatch"), "--parsable", "--job-name", job_name, "--comment", comment,
+        "--nodes", str(int(num_nodes)),
         "--chdir", job_dir, "--output", _JOB_FILE.format(job_dir=job_dir.rstrip("/"), job_id="%j", kind="out"),
         "--export", "ALL",
         # Airflow owns retries: a job Slurm silently requeued after a node failure would rerun
@@ -139,10 +159,10 @@ def _launch(launcher: str, dirs: Sequence[str], fallback_env: Mapping[str, str] 
     marker = _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind="launch")
     where = ", ".join([*dict.fromkeys(posixpath.dirname(c) for c in candidates), "PATH"])
     found = (f'echo "UC_INFO launch mode={launcher} path=$L" | tee {marker}; '
-             f'srun "$L" {shlex.quote(script_path)}')
+             f'{shlex.quote(slurm_command("srun"))} "$L" {shlex.quote(script_path)}')
     if fallback_env is not None:
         missing = (f"echo {shlex.quote(f'UC_INFO launch mode=compile_only {launcher} not found in {where}')}"
-                   f" | tee {marker}; {shlex.join([*env_words(fallback_env), 'srun', script_path])}")
+                   f" | tee {marker}; {shlex.join([*env_words(fallback_env), slurm_command('srun'), script_path])}")
     else:
         reason = (f"UC_ERROR {launcher} not found in {where}: install the Neuron tools on the nodes "
                   "or point training_python at the Neuron venv")

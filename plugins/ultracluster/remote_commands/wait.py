@@ -17,7 +17,7 @@ from __future__ import annotations
 import shlex
 
 from ultracluster.remote_commands.command import RemoteCommand, check_job_id
-from ultracluster.remote_commands.slurm import sinfo
+from ultracluster.remote_commands.slurm import sinfo, slurm_command
 from ultracluster.run.states import JOB_PENDING_STATES, JOB_RUNNING_STATES
 
 WAIT_END_MARKER = "UC_WAIT_END"
@@ -32,7 +32,7 @@ while :; do
     if [ "$size" -lt "$off" ]; then echo "{marker} log-shrank" >&2; exit 0; fi
     if [ "$size" -gt "$off" ]; then tail -c +$((off + 1)) -- "$log" | head -c $((size - off)); off=$size; fi
   fi
-  if out=$(squeue --noheader --states=all --jobs "$job" --format=%T 2>&1); then
+  if out=$({squeue} --noheader --states=all --jobs "$job" --format=%T 2>&1); then
     state=$(printf '%s\n' "$out" | head -n 1 | tr -d '[:space:]')
     case " {active} " in
       *" $state "*) ;;
@@ -57,7 +57,7 @@ def wait_job_end(job_id: str | int, log_path: str, log_offset: int, *, interval_
         raise ValueError("interval_s and window_s must be positive")
     script = _SCRIPT.format(job=check_job_id(job_id), log=shlex.quote(log_path), offset=max(0, int(log_offset)),
                             interval=f"{float(interval_s):g}", window=int(window_s), marker=WAIT_END_MARKER,
-                            active=" ".join(ACTIVE_STATES))
+                            active=" ".join(ACTIVE_STATES), squeue=shlex.quote(slurm_command("squeue")))
     return RemoteCommand(shell=f"bash -c {shlex.quote(script)}",
                          description=f"wait for job {job_id} (streaming {log_path} from byte {int(log_offset)})")
 
