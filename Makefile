@@ -39,6 +39,7 @@ lock:  ## re-resolve the pins into the lock files
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 localcluster/pyproject.toml -o localcluster/requirements.lock
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements-pcluster.txt -o requirements-pcluster.lock
+	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 --python-platform x86_64-manylinux_2_28 include/training/requirements-xla.txt -o include/training/requirements-xla.lock
 
 clean: down  ## remove the venvs and the local state
 	rm -rf $(VENVS) .airflow "$(LOCAL_ULTRACLUSTER_HOME)"
