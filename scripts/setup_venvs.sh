@@ -5,8 +5,6 @@
 #   .venvs/airflow       requirements.lock + plugins/ (editable) — Airflow, providers, product, test tools
 #   .venvs/localcluster  localcluster/ — the pcluster-compatible CLI and moto server
 #   .venvs/training      include/training/requirements.txt — torch CPU, transformers (scripts/setup_training_venv.sh)
-#   .venvs/training-xla  link to the production-twin training venv (torch-xla 2.9.0), built once per
-#                        machine outside the clone (scripts/setup_xla_venv.sh)
 #   .venvs/pcluster      requirements-pcluster.lock — the real aws-parallelcluster CLI (its schema checks
 #                        the rendered config in the tests; it cannot share Airflow's venv)
 set -euo pipefail
@@ -55,5 +53,4 @@ if ! fresh "$venvs/pcluster" "$stamp"; then
 fi
 
 bash scripts/setup_training_venv.sh
-UV=$uv bash scripts/setup_xla_venv.sh
 echo "setup: venvs ready in $venvs"

@@ -27,7 +27,7 @@ TINY_PARAMETERS = 4_433_468  # BertForPreTraining, tiny config, decoder tied to 
 @pytest.fixture(scope="module")
 def xla_python() -> Path:
     if not XLA_PYTHON.exists():
-        pytest.fail(f"{XLA_PYTHON} missing: `make setup` builds it (scripts/setup_xla_venv.sh)")
+        pytest.fail(f"{XLA_PYTHON} missing: `make setup-xla` builds it (scripts/setup_xla_venv.sh)")
     return XLA_PYTHON
 
 
