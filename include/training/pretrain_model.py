@@ -81,18 +81,38 @@ def place_model(model, device, dtype):
     return model
 
 
-def _fp32_moments(state, p):
+def _adam_direction(state, p, group):
+    """Update the fp32 Adam moments of p with its gradient; return m_hat / (sqrt(v_hat) + eps)."""
     if not state:
         state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
         state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
         state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
     state["step"] += 1
-    return state["exp_avg"], state["exp_avg_sq"], state["step"]
+    beta1, beta2 = group["betas"]
+    grad, exp_avg, exp_avg_sq, step = p.grad.float(), state["exp_avg"], state["exp_avg_sq"], state["step"]
+    exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    m_hat = exp_avg / (1 - beta1 ** step)
+    v_hat = exp_avg_sq / (1 - beta2 ** step)
+    return m_hat / (v_hat.sqrt() + group["eps"])
 
 
 class FP32Moments(torch.optim.Optimizer):
-    """Keeps the Adam moments fp32 across a resume: torch's load_state_dict casts every loaded
-    state to its parameter's dtype (bf16 weights would round the moments to bf16)."""
+    """Adam-moment optimizers written with tensor ops only (no .item(): one XLA graph, no host
+    sync), whose moments stay fp32 whatever the parameters' dtype, also across a resume (torch's
+    load_state_dict casts loaded states to the parameter's dtype)."""
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group, _adam_direction(self.state[p], p, group))
+        return loss
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
@@ -106,67 +126,25 @@ class FP32Moments(torch.optim.Optimizer):
 
 
 class AdamW(FP32Moments):
-    """AdamW whose moments stay fp32 whatever the parameters' dtype (bf16 on XLA).
+    """AdamW (decoupled weight decay). Unlike torch.optim.AdamW: fp32 moments for bf16 weights and
+    no .item() of the step count (a host sync per step on XLA)."""
 
-    torch.optim.AdamW keeps its states in the parameters' dtype and reads its step count with
-    .item() (a host sync per step on XLA); this one uses tensor ops only.
-    """
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                exp_avg, exp_avg_sq, step = _fp32_moments(self.state[p], p)
-                grad = p.grad.float()
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = exp_avg / (1 - beta1 ** step)
-                v_hat = exp_avg_sq / (1 - beta2 ** step)
-                weight = p.float()
-                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * weight
-                p.copy_(weight - group["lr"] * update)
-        return loss
+    def _update(self, p, group, direction):
+        weight = p.float()
+        p.copy_(weight - group["lr"] * (direction + group["weight_decay"] * weight))
 
 
 class Lamb(FP32Moments):
-    """LAMB (You et al., 2019): Adam moments, update scaled per tensor by ||w|| / ||update||.
+    """LAMB (You et al., 2019): Adam moments, update scaled per tensor by ||w|| / ||update||."""
 
-    Written with tensor ops only (no .item()) so it traces into one XLA graph.
-    """
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                exp_avg, exp_avg_sq, step = _fp32_moments(self.state[p], p)
-                grad = p.grad.float()
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = exp_avg / (1 - beta1 ** step)
-                v_hat = exp_avg_sq / (1 - beta2 ** step)
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p.float(), alpha=group["weight_decay"])
-                weight_norm = p.float().norm()
-                update_norm = update.norm()
-                trust = torch.where((weight_norm > 0) & (update_norm > 0),
-                                    weight_norm / update_norm, torch.ones_like(weight_norm))
-                p.add_((update * trust * -group["lr"]).to(p.dtype))
-        return loss
+    def _update(self, p, group, update):
+        if group["weight_decay"]:
+            update.add_(p.float(), alpha=group["weight_decay"])
+        weight_norm = p.float().norm()
+        update_norm = update.norm()
+        trust = torch.where((weight_norm > 0) & (update_norm > 0),
+                            weight_norm / update_norm, torch.ones_like(weight_norm))
+        p.add_((update * trust * -group["lr"]).to(p.dtype))
 
 
 def build_optimizer(model, args, tensor_only=False):

@@ -118,19 +118,3 @@ def recorded_env() -> dict:
 
 def env_json(name, default=None):
     return json.loads(os.environ.get(name) or "null") or default
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def metric(name, value, units, additional=None):
-    return {"MetricName": name, "MeasuredValue": value, "Units": units,
-            "Timestamp": now_iso(), "AdditionalData": additional or {}}
-
-
-def write_json_atomically(path: Path, document) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
