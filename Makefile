@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # the rest. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: help setup up down demo test bench lock clean
+.PHONY: help setup setup-xla up down demo test bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ setup:  ## apt packages, the venvs and the local dataset (only what is missing)
 	@bash scripts/setup_apt.sh
 	@bash scripts/setup_venvs.sh
 	@bash scripts/build_local_dataset.sh "$(LOCAL_ULTRACLUSTER_HOME)/dataset"
+
+setup-xla: setup  ## the tests' production-twin training venv (torch-xla 2.9.0; 7 GB, built once per machine)
+	@bash scripts/setup_xla_venv.sh
 
 up: setup  ## start the local UltraCluster's AWS stand-in (moto, buckets, key pair, dataset), PostgreSQL and Airflow
 	@bash scripts/up.sh
@@ -29,7 +32,7 @@ down:  ## stop everything `make up` and the demo started: clusters, daemons, mot
 demo: up  ## the main job: the whole pipeline on the local UltraCluster, then a results summary
 	@bash scripts/demo.sh
 
-test: setup  ## run the whole test suite (starts and stops its own daemons)
+test: setup-xla  ## run the whole test suite (starts and stops its own daemons)
 	@UC_TRAINING_DATASET_CACHE="$(LOCAL_ULTRACLUSTER_HOME)/dataset" $(VENVS)/airflow/bin/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: setup  ## the benchmarks in bench/ (ratios against baselines measured in the same run) -> bench/results/
@@ -39,6 +42,7 @@ lock:  ## re-resolve the pins into the lock files
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements.txt requirements-dev.txt -o requirements.lock
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 localcluster/pyproject.toml -o localcluster/requirements.lock
 	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 requirements-pcluster.txt -o requirements-pcluster.lock
+	@$(VENVS)/tools/bin/uv pip compile -q -p 3.11 --python-platform x86_64-manylinux_2_28 include/training/requirements-xla.txt -o include/training/requirements-xla.lock
 
 clean: down  ## remove the venvs and the local state
 	rm -rf $(VENVS) .airflow "$(LOCAL_ULTRACLUSTER_HOME)"

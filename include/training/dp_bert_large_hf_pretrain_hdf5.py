@@ -3,64 +3,40 @@
 
 Runs on Trainium (torch-xla), CUDA or CPU. The run script
 run_dp_bert_large_hf_pretrain_bf16_s128.sh validates inputs and launches this program; see
-README.md for the log lines and the results.json schema it produces.
+README.md for the log lines and the results.json schema it produces. The pretrain_*.py modules
+beside it hold its parts.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
-import glob
-import json
-import math
 import os
-import queue
 import random
-import re
 import sys
-import threading
 import time
 from pathlib import Path
 
-import h5py
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the pretrain_* modules beside it
 
-HDF5_KEYS = {
-    "input_ids": ("int32", 2),
-    "input_mask": ("int8", 2),
-    "segment_ids": ("int8", 2),
-    "masked_lm_positions": ("int32", 2),
-    "masked_lm_ids": ("int32", 2),
-    "next_sentence_labels": ("int8", 1),
-}
-COMMON_CONFIG = dict(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
-                     hidden_act="gelu", hidden_dropout_prob=0.1,
-                     attention_probs_dropout_prob=0.1, initializer_range=0.02,
-                     layer_norm_eps=1e-12)
-MODEL_SIZES = {
-    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                  intermediate_size=4096),
-    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 intermediate_size=512),
-}
-CHECKPOINT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
-NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": []}
-# Environment worth keeping in results.json to reproduce a run.
-RECORDED_ENV_PREFIXES = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
-                         "MASTER_", "WORLD_SIZE", "NEURON_", "XLA_", "FI_", "OMP_NUM_THREADS",
-                         "TORCHINDUCTOR_CACHE_DIR", "SCALING_MODE", "COMPILE_ONLY",
-                         "MODEL_SIZE")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
+from pretrain_checkpoint import (CHECKPOINT_PATTERN, checkpoints_in,  # noqa: E402,F401
+                                 find_resume_checkpoint, load_checkpoint, save_checkpoint)
+from pretrain_data import (HDF5_KEYS, DeviceFeed, Prefetcher, ShardStream,  # noqa: E402,F401
+                           check_shard_format, list_training_files)
+from pretrain_model import (COMMON_CONFIG, MODEL_SIZES, AdamW, Lamb,  # noqa: E402,F401
+                            PretrainingLoss, build_model, build_optimizer, lr_factor,
+                            parameter_count, place_model, weights_tied)
+from pretrain_report import (NO_RESUME, CompileCache, Progress, env_json, metric,  # noqa: E402
+                             recorded_env, write_json_atomically)
+from pretrain_runtime import (LauncherWatch, Runtime, UsageError,  # noqa: E402
+                              default_num_threads, log)
 
-class UsageError(Exception):
-    """A problem with the inputs: reported as UC_ERROR, exit code 2."""
-
-
-def log(message: str) -> None:
-    print(f"[{dt.datetime.now(dt.timezone.utc):%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+# Test switch: log the device-to-host transfers of every step (torch_xla's metrics).
+DEBUG_HOST_TRANSFERS = "UC_DEBUG_HOST_TRANSFERS"
+# Read by torch-xla/Neuron up to release 2.24 only; bf16 is now --dtype (the model is cast).
+RETIRED_BF16_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 
 
 def parse_args(argv=None):
@@ -89,7 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--resume_dir", default="",
                    help="another output dir whose checkpoints may be resumed from")
     p.add_argument("--resume_ckpt", default="", help="an explicit checkpoint file to resume")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 on XLA (the model cast, fp32 optimizer states), CUDA autocast "
+                        "where supported, fp32 on CPU")
     p.add_argument("--torch_compile", choices=["auto", "on", "off"], default="auto",
                    help="auto: on for CUDA, off for CPU (measured: it does not pay, README)")
     p.add_argument("--compile_only", action="store_true",
@@ -110,410 +88,36 @@ def parse_args(argv=None):
     return args
 
 
-# ---------------------------------------------------------------- devices and distribution
-class Runtime:
-    """Device, backend and process-group facts for this worker."""
+def dtype_name(dtype) -> str | None:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
 
-    def __init__(self):
-        self.rank = int(os.environ.get("RANK", 0))
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        self.xm = None
-        try:
-            import torch_xla.core.xla_model as xm
-            import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" backend
-            self.xm = xm
-            self.kind, self.backend = "xla", "xla"
-        except ImportError:
-            if torch.cuda.is_available():
-                self.kind, self.backend = "cuda", "nccl"
-            else:
-                self.kind, self.backend = "cpu", "gloo"
 
-    def start(self):
-        if self.kind == "cuda":
-            torch.cuda.set_device(self.local_rank)
-        if self.world_size > 1:
-            if self.kind == "xla":
-                dist.init_process_group("xla", init_method="xla://")
-            else:
-                dist.init_process_group(self.backend, timeout=dt.timedelta(minutes=30))
-        if self.kind == "xla":
-            self.device = self.xm.xla_device()
-        elif self.kind == "cuda":
-            self.device = torch.device("cuda", self.local_rank)
-        else:
-            self.device = torch.device("cpu")
+class HostTransfers:
+    """Device-to-host transfers per step, from torch_xla's TransferFromDeviceTime metric."""
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+    def __init__(self, runtime):
+        self.enabled = runtime.kind == "xla" and os.environ.get(DEBUG_HOST_TRANSFERS) == "1"
+        if self.enabled:
+            import torch_xla.debug.metrics as met
+            self.met, self.before = met, self._count(met)
 
-    def bf16_supported(self) -> bool:
-        if self.kind == "xla":
-            return True
-        if self.kind == "cuda":
-            return torch.cuda.is_bf16_supported()
-        return False  # CPU bf16 autocast is slower than fp32 without AMX/AVX512-BF16
+    @staticmethod
+    def _count(met) -> int:
+        data = met.metric_data("TransferFromDeviceTime")
+        return int(data[0]) if data else 0
 
-    def mean_across_ranks(self, value: torch.Tensor) -> float:
-        value = value.detach().clone()
-        if self.distributed:
-            dist.all_reduce(value)
-            value /= self.world_size
-        if self.kind == "xla":
-            self.xm.mark_step()
-        return float(value.item())
+    def step_done(self, step):
+        if self.enabled:
+            now = self._count(self.met)
+            log(f"UC_DEBUG step={step} device_to_host={now - self.before}")
+            self.before = now
 
-    def sum_across_ranks(self, value: int) -> int:
-        total = torch.tensor(float(value), device=self.device)
-        if self.distributed:
-            dist.all_reduce(total)
-        if self.kind == "xla":
-            self.xm.mark_step()
-        return int(round(total.item()))
 
-    def barrier(self):
-        if self.distributed:
-            dist.barrier()
-
-    def stop(self):
-        if self.distributed and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class LauncherWatch:
-    """Stops a worker whose torchrun died (killed job, lost node).
-
-    torchrun starts workers in sessions of their own, so killing the launcher's process group
-    leaves them running; an orphan would keep training and race the retried job's checkpoints.
-    """
-
-    def __init__(self):
-        under_launcher = "TORCHELASTIC_RUN_ID" in os.environ
-        self.launcher_pid = os.getppid() if under_launcher else None
-
-    def check(self):
-        if self.launcher_pid is not None and os.getppid() != self.launcher_pid:
-            try:
-                log(f"launcher (pid {self.launcher_pid}) is gone: stopping this worker")
-            except OSError:  # the log pipe may have died with the launcher
-                pass
-            os._exit(1)
-
-
-def default_num_threads(runtime: Runtime) -> int:
-    # Processes of one node split its CPUs; Slurm knows how many the node has.
-    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", 0)) or os.cpu_count() or 1
-    return max(1, cpus // max(1, runtime.local_world_size))
-
-
-# ---------------------------------------------------------------- data
-def list_training_files(data_dir: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(data_dir, "*_training_*.hdf5")))
-
-
-def check_shard_format(path: str, seq_len: int, max_pred_len: int) -> int:
-    """Return the number of sequences; raise UsageError if the file is not the seed's format."""
-    with h5py.File(path, "r") as f:
-        rows = None
-        for key, (dtype, ndim) in HDF5_KEYS.items():
-            if key not in f:
-                raise UsageError(f"{path}: missing dataset '{key}'")
-            ds = f[key]
-            width = max_pred_len if key.startswith("masked_lm_") else seq_len
-            expected = f"[N,{width}]" if ndim == 2 else "[N]"
-            if ds.ndim != ndim or (ndim == 2 and ds.shape[1] != width):
-                raise UsageError(f"{path}: '{key}' has shape {ds.shape}, expected {expected}")
-            if np.dtype(ds.dtype).kind != np.dtype(dtype).kind:
-                raise UsageError(f"{path}: '{key}' has dtype {ds.dtype}, expected {dtype}")
-            rows = ds.shape[0] if rows is None else rows
-            if ds.shape[0] != rows:
-                raise UsageError(f"{path}: datasets have different lengths")
-        return rows
-
-
-class ShardStream:
-    """This rank's endless, deterministic stream of batches.
-
-    Each epoch shuffles the file list with the seed and gives rank r the files r, r+W, ...;
-    rows of a file are shuffled too, and a file's last partial batch is dropped. The stream can
-    start at any micro-batch index without reading the skipped data (only shard lengths).
-    """
-
-    def __init__(self, files, rank, world_size, batch_size, seed):
-        self.files, self.rank, self.world_size = files, rank, world_size
-        self.batch_size, self.seed = batch_size, seed
-        self._lengths = {}
-
-    def _rank_files(self, epoch):
-        order = list(self.files)
-        random.Random(self.seed * 1000003 + epoch).shuffle(order)
-        return order[self.rank::self.world_size]
-
-    def _length(self, path):
-        if path not in self._lengths:
-            with h5py.File(path, "r") as f:
-                self._lengths[path] = f["input_ids"].shape[0]
-        return self._lengths[path]
-
-    def batches(self, start_batch=0):
-        """Yield (batch dict of numpy arrays, files finished so far by this rank)."""
-        skip, files_done, epoch = start_batch, 0, 0
-        while True:
-            mine = self._rank_files(epoch)
-            if not any(self._length(p) >= self.batch_size for p in mine):
-                raise UsageError(f"rank {self.rank}: no shard holds a full batch of "
-                                 f"{self.batch_size}")
-            for file_index, path in enumerate(mine):
-                n_batches = self._length(path) // self.batch_size
-                if skip >= n_batches:
-                    skip -= n_batches
-                    files_done += 1
-                    continue
-                with h5py.File(path, "r") as f:
-                    arrays = {key: f[key][()] for key in HDF5_KEYS}
-                rows = np.random.default_rng([self.seed, epoch, file_index, self.rank])
-                order = rows.permutation(len(arrays["input_ids"]))
-                for b in range(skip, n_batches):
-                    idx = np.sort(order[b * self.batch_size:(b + 1) * self.batch_size])
-                    yield {k: v[idx] for k, v in arrays.items()}, files_done
-                skip = 0
-                files_done += 1
-            epoch += 1
-
-
-class Prefetcher:
-    """Reads and converts batches in a background thread so the step never waits on disk."""
-
-    def __init__(self, stream_iter, depth):
-        self._queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self.wait_seconds = 0.0
-        self._thread = threading.Thread(target=self._fill, args=(stream_iter,), daemon=True)
-        self._thread.start()
-
-    def _fill(self, stream_iter):
-        try:
-            for arrays, files_done in stream_iter:
-                batch = {k: torch.from_numpy(v.astype(np.int64)) for k, v in arrays.items()}
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put((batch, files_done), timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-        except BaseException as exc:  # surfaced in the training thread
-            self._queue.put(exc)
-
-    def next(self):
-        start = time.perf_counter()
-        item = self._queue.get()
-        self.wait_seconds += time.perf_counter() - start
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def close(self):
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-# ---------------------------------------------------------------- model and optimisation
-class PretrainingLoss(torch.nn.Module):
-    """BertForPreTraining's MLM + NSP loss, scoring only the masked positions.
-
-    Gathering the <= 20 masked positions before the vocabulary projection avoids computing
-    128 x 30522 logits per sequence for nothing; the losses equal BertForPreTraining's.
-    """
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids,
-                next_sentence_labels):
-        outputs = self.model.bert(input_ids=input_ids, attention_mask=input_mask,
-                                  token_type_ids=segment_ids)
-        hidden = outputs.last_hidden_state
-        index = masked_lm_positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
-        masked_hidden = torch.gather(hidden, 1, index)
-        mlm_scores, nsp_scores = self.model.cls(masked_hidden, outputs.pooler_output)
-        # Padding slots of masked_lm_ids are 0 ([PAD]), never a real prediction target.
-        labels = masked_lm_ids.masked_fill(masked_lm_ids == 0, -100)
-        mlm_loss = F.cross_entropy(mlm_scores.float().flatten(0, 1), labels.flatten(),
-                                   ignore_index=-100)
-        nsp_loss = F.cross_entropy(nsp_scores.float(), next_sentence_labels)
-        return mlm_loss + nsp_loss
-
-
-def build_model(size: str):
-    from transformers import BertConfig, BertForPreTraining  # slow import: only when training
-    config = BertConfig(**COMMON_CONFIG, **MODEL_SIZES[size])
-    return BertForPreTraining(config), config
-
-
-class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al., 2019): Adam moments, update scaled per tensor by ||w|| / ||update||.
-
-    Written with tensor ops only (no .item()) so it traces into one XLA graph.
-    """
-
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                grad = p.grad.float()
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = exp_avg / (1 - beta1 ** state["step"])
-                v_hat = exp_avg_sq / (1 - beta2 ** state["step"])
-                update = m_hat / (v_hat.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p.float(), alpha=group["weight_decay"])
-                weight_norm = p.float().norm()
-                update_norm = update.norm()
-                trust = torch.where((weight_norm > 0) & (update_norm > 0),
-                                    weight_norm / update_norm, torch.ones_like(weight_norm))
-                p.add_((update * trust * -group["lr"]).to(p.dtype))
-        return loss
-
-
-def build_optimizer(model, args):
-    no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")
-    decay, plain = [], []
-    for name, param in model.named_parameters():
-        (plain if name.endswith(no_decay) else decay).append(param)
-    groups = [{"params": decay, "weight_decay": args.weight_decay},
-              {"params": plain, "weight_decay": 0.0}]
-    if args.optimizer == "lamb":
-        return Lamb(groups, lr=args.lr)
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
-
-
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warmup to the peak, then linear decay to 0 at max_steps (step counts from 0)."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-# ---------------------------------------------------------------- checkpoints
-def checkpoints_in(directory: Path) -> list[tuple[int, Path]]:
-    found = []
-    if directory.is_dir():
-        for entry in directory.iterdir():
-            match = CHECKPOINT_PATTERN.match(entry.name)
-            if match:
-                found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def find_resume_checkpoint(args, checkpoint_dir: Path) -> Path | None:
-    """The newest of this job's checkpoints, --resume_dir's and --resume_ckpt: a requeued or
-    resubmitted job that started from --resume_ckpt continues from what it saved since."""
-    candidates = checkpoints_in(checkpoint_dir)
-    if args.resume_dir:
-        candidates += checkpoints_in(Path(args.resume_dir) / "checkpoints")
-    if args.resume_ckpt:
-        path = Path(args.resume_ckpt)
-        if not path.is_file():
-            raise UsageError(f"--resume_ckpt {path} does not exist")
-        match = CHECKPOINT_PATTERN.match(path.name)
-        candidates.append((int(match.group(1)) if match else -1, path))  # unnamed: only when alone
-    return max(candidates)[1] if candidates else None
-
-
-def save_checkpoint(runtime, checkpoint_dir: Path, step, model, optimizer, keep, extra):
-    """Rank 0 writes ckpt_<step>.pt atomically and keeps the newest `keep` checkpoints."""
-    if runtime.rank != 0:
-        return
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                     "torch": torch.get_rng_state()}, **extra}
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_dir / f"ckpt_{step}.pt"
-    tmp = checkpoint_dir / f".ckpt_{step}.pt.tmp"
-    if runtime.kind == "xla":
-        state = runtime.xm._maybe_convert_to_cpu(state)
-    torch.save(state, tmp)
-    os.replace(tmp, final)
-    for _, old in checkpoints_in(checkpoint_dir)[:-keep]:
-        old.unlink(missing_ok=True)
-    log(f"checkpoint saved: {final}")
-
-
-# ---------------------------------------------------------------- compile cache
-class CompileCache:
-    """Counts compile-cache hits and misses for results.json."""
-
-    def __init__(self, runtime, use_torch_compile, cache_dir):
-        self.runtime, self.cache_dir = runtime, cache_dir
-        self.backend = "none"
-        if runtime.kind == "xla":
-            self.backend = "neuron"
-        elif use_torch_compile:
-            self.backend = "torch.compile"
-        self._neffs_before = self._count_neffs()
-
-    def _count_neffs(self):
-        url = os.environ.get("NEURON_COMPILE_CACHE_URL", "")
-        if self.runtime.kind != "xla" or not url or url.startswith("s3://"):
-            return None
-        return sum(1 for _ in Path(url).rglob("*.neff")) if Path(url).is_dir() else 0
-
-    def stats(self):
-        hits = misses = None
-        if self.backend == "torch.compile":
-            from torch._dynamo.utils import counters
-            hits = int(counters["inductor"]["fxgraph_cache_hit"])
-            misses = int(counters["inductor"]["fxgraph_cache_miss"])
-        elif self.backend == "neuron":
-            after = self._count_neffs()
-            if after is not None:
-                misses = after - self._neffs_before  # each new NEFF is one graph compiled
-        elif self.backend == "none":
-            hits = misses = 0
-        return {"backend": self.backend, "cache_dir": self.cache_dir or None,
-                "hits": hits, "misses": misses}
-
-
-# ---------------------------------------------------------------- results.json
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def metric(name, value, units, additional=None):
-    return {"MetricName": name, "MeasuredValue": value, "Units": units,
-            "Timestamp": now_iso(), "AdditionalData": additional or {}}
-
-
-def write_json_atomically(path: Path, document) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- training
 def train(args, runtime: Runtime) -> int:
+    retired = [name for name in RETIRED_BF16_VARIABLES if name in os.environ]
+    if retired:
+        raise UsageError(f"{', '.join(retired)} set: Neuron 2.24 was the last release to read it; "
+                         "bf16 is the default on XLA (--dtype auto casts the model)")
     files = list_training_files(args.data_dir)
     if not files:
         raise UsageError(f"no *_training_*.hdf5 files in {args.data_dir}")
@@ -532,29 +136,28 @@ def train(args, runtime: Runtime) -> int:
     checkpoint_dir = output_dir / "checkpoints"
     metrics_file = Path(args.metrics_file) if args.metrics_file else output_dir / "results.json"
     use_bf16 = args.dtype == "bf16" or (args.dtype == "auto" and runtime.bf16_supported())
+    # CUDA keeps fp32 weights under bf16 autocast (no stochastic rounding there); elsewhere bf16
+    # means the weights are bf16, as the Neuron sample casts them.
+    autocast_bf16 = use_bf16 and runtime.kind == "cuda"
     use_torch_compile = args.torch_compile == "on" or (
         args.torch_compile == "auto" and runtime.kind == "cuda")
 
-    model, config = build_model(args.model_size)
-    model.to(runtime.device)
-    optimizer = build_optimizer(model, args)
+    model, config = build_model(args.model_size, "eager" if runtime.kind == "xla" else None)
+    params_built = parameter_count(model)
+    place_model(model, runtime.device, torch.bfloat16 if use_bf16 and not autocast_bf16 else None)
+    optimizer = build_optimizer(model, args, tensor_only=runtime.kind == "xla")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, args.warmup_steps, args.max_steps))
 
     start_step = 0
     resumed_from = find_resume_checkpoint(args, checkpoint_dir)
     if resumed_from is not None:
-        state = torch.load(resumed_from, map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start_step = int(state["step"])
+        start_step = load_checkpoint(resumed_from, model, optimizer)
         scheduler.last_epoch = start_step - 1
         scheduler.step()  # sets the lr for start_step
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        torch.set_rng_state(state["rng"]["torch"])
         if runtime.rank == 0:
             log(f"resuming from {resumed_from} at step {start_step}")
+    collective_check = runtime.check_collectives()
 
     loss_module = PretrainingLoss(model)
     if use_torch_compile:
@@ -570,165 +173,159 @@ def train(args, runtime: Runtime) -> int:
     if args.steps_this_run > 0:
         end_step = min(args.max_steps, start_step + args.steps_this_run)
     global_batch = args.batch_size * args.grad_accum_usteps * runtime.world_size
-    micro_batches_done = start_step * args.grad_accum_usteps
     stream = ShardStream(files, runtime.rank, runtime.world_size, args.batch_size, args.seed)
-    prefetcher = Prefetcher(stream.batches(start_batch=micro_batches_done), args.prefetch_batches)
-    autocast = (torch.autocast(device_type=runtime.device.type, dtype=torch.bfloat16)
-                if use_bf16 and runtime.kind == "cuda" else contextlib.nullcontext())
+    prefetcher = Prefetcher(stream.batches(start_batch=start_step * args.grad_accum_usteps),
+                            args.prefetch_batches)
+    feed = DeviceFeed(prefetcher, runtime)
+    autocast = (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+                if autocast_bf16 else contextlib.nullcontext())
+    data_type = dtype_name(next(model.parameters()).dtype)
 
     if runtime.rank == 0:
         log(f"device={runtime.kind} backend={runtime.backend} world_size={runtime.world_size} "
-            f"model={args.model_size} params={sum(p.numel() for p in model.parameters())} "
-            f"global_batch={global_batch} steps={start_step}->{end_step} "
-            f"bf16={use_bf16} torch_compile={use_torch_compile}")
+            f"model={args.model_size} params={parameter_count(model)} (built: {params_built}) "
+            f"tied={weights_tied(model)} dtype={data_type} global_batch={global_batch} "
+            f"steps={start_step}->{end_step} autocast_bf16={autocast_bf16} "
+            f"torch_compile={use_torch_compile} collective_check=ok")
 
-    loss_metrics, throughput_metrics = [], []
-    # About 200 Loss/Throughput points per run, taken at logged steps.
-    metrics_every = args.log_every * max(1, math.ceil((end_step - start_step) / 200 / args.log_every))
-    peak_throughput = 0.0
-    last_loss = None
+    progress = Progress(runtime.rank, start_step, end_step, global_batch, args.log_every)
+    transfers = HostTransfers(runtime)
     sequences_seen = 0  # rows this rank really trained on
     last_files_ckpt = 0
     step = start_step
-    loop_start = interval_start = time.perf_counter()
-    interval_steps = 0
-    first_step_seconds = None
     launcher = LauncherWatch()
     try:
         while step < end_step:
-            step_start = time.perf_counter()
             step_loss = torch.zeros((), device=runtime.device)
-            files_done = 0
             for micro in range(args.grad_accum_usteps):
                 launcher.check()
-                batch, files_done = prefetcher.next()
+                batch, position = feed.next()
                 sequences_seen += batch["input_ids"].shape[0]
-                batch = {k: v.to(runtime.device, non_blocking=True) for k, v in batch.items()}
                 last_micro = micro == args.grad_accum_usteps - 1
-                # Gradients are all-reduced on the last micro-step only.
+                # DDP all-reduces the gradients on the last micro-step only.
                 sync = ddp.no_sync() if (ddp is not None and not last_micro) \
                     else contextlib.nullcontext()
                 with sync, autocast:
                     loss = forward(**batch) / args.grad_accum_usteps
                 loss.backward()
                 step_loss += loss.detach()
-                if runtime.kind == "xla":
-                    runtime.xm.mark_step()
-            if runtime.kind == "xla":
-                runtime.xm.reduce_gradients(optimizer)
+                runtime.sync()
+            runtime.reduce_gradients(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             current_lr = scheduler.get_last_lr()[0]
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            if runtime.kind == "xla":
-                runtime.xm.mark_step()
             step += 1
-            interval_steps += 1
-            if first_step_seconds is None:
-                first_step_seconds = time.perf_counter() - step_start
-
-            is_last = step == end_step
-            if step % args.log_every == 0 or is_last:
-                last_loss = runtime.mean_across_ranks(step_loss)
-                now = time.perf_counter()
-                throughput = global_batch * interval_steps / (now - interval_start)
-                steps_timed = step - start_step - 1
-                # The first step carries warm-up (compilation, allocations); ETA uses the rest.
-                per_step = ((now - loop_start - first_step_seconds) / steps_timed
-                            if steps_timed > 0 else now - loop_start)
-                eta = per_step * (end_step - step)
-                if step - start_step > 1 or is_last:
-                    peak_throughput = max(peak_throughput, throughput)
-                if runtime.rank == 0:
-                    print(f"UC_PROGRESS step={step} total={end_step} loss={last_loss:.6f} "
-                          f"lr={current_lr:.6f} throughput={throughput:.2f} "
-                          f"eta_s={int(round(eta))}", flush=True)
-                    if step % metrics_every == 0 or is_last:
-                        loss_metrics.append(metric("Loss", last_loss, "", {"step": step}))
-                        throughput_metrics.append(
-                            metric("Throughput", throughput, "seq/s", {"step": step}))
-                interval_start, interval_steps = now, 0
+            logging = step % args.log_every == 0 or step == end_step
+            # On XLA every step reduces the loss, so every step is the same graph (one compile).
+            if logging or runtime.kind == "xla":
+                reduced_loss = runtime.mean_loss(step_loss)
+            if logging:
+                runtime.add_step_closure(progress.report, (reduced_loss, step, current_lr))
+            runtime.sync()
+            progress.step_done(step)
 
             if not args.compile_only:
-                rank0_files = files_done
                 by_shards = (args.shards_per_ckpt > 0
-                             and rank0_files - last_files_ckpt >= args.shards_per_ckpt)
+                             and position.files_done - last_files_ckpt >= args.shards_per_ckpt)
                 if by_shards:
-                    last_files_ckpt = rank0_files
-                if step % args.steps_per_ckpt == 0 or is_last or by_shards:
-                    save_checkpoint(runtime, checkpoint_dir, step, model, optimizer,
+                    last_files_ckpt = position.files_done
+                if step % args.steps_per_ckpt == 0 or step == end_step or by_shards:
+                    save_checkpoint(runtime, checkpoint_dir, step, model, optimizer, scheduler,
                                     args.num_ckpts_to_keep,
                                     {"world_size": runtime.world_size,
                                      "grad_accum_usteps": args.grad_accum_usteps,
-                                     "batch_size": args.batch_size})
+                                     "batch_size": args.batch_size},
+                                    [position.file_index, *stream.epoch_files(position.epoch)],
+                                    position.epoch)
+            transfers.step_done(step)
     finally:
         prefetcher.close()
-    train_seconds = time.perf_counter() - loop_start
+    train_seconds = time.perf_counter() - progress.loop_start
     sequences_processed = runtime.sum_across_ranks(sequences_seen)
+    if runtime.distributed:
+        fingerprint = runtime.check_replicas_in_sync(model)
+        if runtime.rank == 0:
+            log(f"replicas in sync: {runtime.world_size} ranks, weight fingerprint {fingerprint!r}")
 
     if runtime.rank == 0:
-        steps_done = step - start_step
-        cache = compile_cache.stats()
-        average = global_batch * steps_done / train_seconds if steps_done else 0.0
-        env = {k: v for k, v in sorted(os.environ.items())
-               if k.startswith(RECORDED_ENV_PREFIXES)}
-        parameters = {
-            "Model": f"BERT-{args.model_size} (BertForPreTraining, MLM+NSP)",
-            "Model configuration": {k: getattr(config, k) for k in
-                                    [*COMMON_CONFIG, *MODEL_SIZES[args.model_size]]},
-            "World size": runtime.world_size,
-            "Data parallel degree": runtime.world_size,
-            "Batch size": args.batch_size,
-            "Total steps": args.max_steps,
-            "Seed": args.seed,
-            "Optimizer": {"adamw": "AdamW", "lamb": "LAMB"}[args.optimizer],
-            "Data type": "bf16" if use_bf16 else "fp32",
-            "Gradient accumulation microsteps": args.grad_accum_usteps,
-            "Warmup steps": args.warmup_steps,
-            "Shards per checkpoint": args.shards_per_ckpt,
-            "Dataset": os.path.abspath(args.data_dir),
-            "Environment variables": env,
-            "Sequence length": args.seq_len,
-            "Learning rate": args.lr,
-            "Max predictions per sequence": args.max_pred_len,
-            "Device": runtime.kind,
-            "Scaling mode": args.scaling_mode,
-            "Number of nodes": args.num_nodes,
-            "Global batch size": global_batch,
-            "Start step": start_step,
-            "End step": step,
-            "Resumed from": str(resumed_from) if resumed_from else None,
-            "Compile only": args.compile_only,
-            # How parallel_compile ran: {"mode": neuron_parallel_compile|compile_only, "path"} (COMPILE_LAUNCH).
-            "Compile step": json.loads(os.environ.get("COMPILE_LAUNCH") or "null"),
-            # The scaling-sweep point this run trained (SWEEP_POINT, JSON from the pipeline), or None.
-            "Sweep": json.loads(os.environ.get("SWEEP_POINT") or "null"),
-            # Resumes after node faults so far and the steps they lost (AUTO_RESUME, from the pipeline).
-            "Auto resume": json.loads(os.environ.get("AUTO_RESUME") or "null") or NO_RESUME,
-        }
-        metrics = loss_metrics + throughput_metrics + [
-            metric("Final loss", last_loss, "", {"step": step}),
-            metric("Time to train", train_seconds / 60.0, "minutes", {"steps": steps_done}),
-            metric("Average throughput", average, "seq/s", {"steps": steps_done}),
-            metric("Peak throughput", peak_throughput, "seq/s", {}),
-            metric("Sequences processed", sequences_processed, "sequences",
-                   {"steps": steps_done, "all ranks": True}),
-            metric("Global batch size", global_batch, "sequences",
-                   {"formula": "batch_size * grad_accum_usteps * world_size"}),
-            metric("Scaling mode", args.scaling_mode, "", {}),
-            metric("Number of nodes", args.num_nodes, "nodes", {}),
-            metric("Compile cache hits", cache["hits"], "graphs", cache),
-            metric("Compile cache misses", cache["misses"], "graphs", cache),
-            metric("Data loader wait", prefetcher.wait_seconds, "seconds",
-                   {"rank": 0, "first_step_seconds": first_step_seconds}),
-        ]
-        write_json_atomically(metrics_file, {"results": {"parameters": parameters,
-                                                         "metrics": metrics}})
+        optimizer_states = [s["exp_avg"].dtype for s in optimizer.state.values() if "exp_avg" in s]
+        facts = dict(config=config, collective_check=collective_check, data_type=data_type,
+                     autocast="bf16" if autocast_bf16 else None, params=parameter_count(model),
+                     optimizer_state=dtype_name(optimizer_states[0]) if optimizer_states else None,
+                     global_batch=global_batch, start_step=start_step, step=step,
+                     resumed_from=resumed_from, train_seconds=train_seconds,
+                     sequences_processed=sequences_processed, cache=compile_cache.stats(),
+                     wait_seconds=feed.wait_seconds)
+        write_json_atomically(metrics_file, results_document(args, runtime, progress, facts))
+        cache = facts["cache"]
         print(f"UC_COMPILE_CACHE backend={cache['backend']} hits={cache['hits']} "
               f"misses={cache['misses']}", flush=True)
         print(f"UC_RESULTS {metrics_file.resolve()}", flush=True)
     return 0
+
+
+def results_document(args, runtime, progress, f) -> dict:
+    steps_done = f["step"] - f["start_step"]
+    average = f["global_batch"] * steps_done / f["train_seconds"] if steps_done else 0.0
+    parameters = {
+        "Model": f"BERT-{args.model_size} (BertForPreTraining, MLM+NSP)",
+        "Model configuration": {k: getattr(f["config"], k) for k in
+                                [*COMMON_CONFIG, *MODEL_SIZES[args.model_size]]},
+        "World size": runtime.world_size,
+        "Data parallel degree": runtime.world_size,
+        "Batch size": args.batch_size,
+        "Total steps": args.max_steps,
+        "Seed": args.seed,
+        "Optimizer": {"adamw": "AdamW", "lamb": "LAMB"}[args.optimizer],
+        # The dtype the weights really have (bf16: the model was cast).
+        "Data type": f["data_type"],
+        "Autocast": f["autocast"],
+        "Optimizer state data type": f["optimizer_state"],
+        "Parameter count": f["params"],
+        "Collective check": f["collective_check"],
+        "Gradient accumulation microsteps": args.grad_accum_usteps,
+        "Warmup steps": args.warmup_steps,
+        "Shards per checkpoint": args.shards_per_ckpt,
+        "Dataset": os.path.abspath(args.data_dir),
+        "Environment variables": recorded_env(),
+        "Sequence length": args.seq_len,
+        "Learning rate": args.lr,
+        "Max predictions per sequence": args.max_pred_len,
+        "Device": runtime.kind,
+        "Scaling mode": args.scaling_mode,
+        "Number of nodes": args.num_nodes,
+        "Global batch size": f["global_batch"],
+        "Start step": f["start_step"],
+        "End step": f["step"],
+        "Resumed from": str(f["resumed_from"]) if f["resumed_from"] else None,
+        "Compile only": args.compile_only,
+        # How parallel_compile ran: {"mode": neuron_parallel_compile|compile_only, "path"} (COMPILE_LAUNCH).
+        "Compile step": env_json("COMPILE_LAUNCH"),
+        # The scaling-sweep point this run trained (SWEEP_POINT, JSON from the pipeline), or None.
+        "Sweep": env_json("SWEEP_POINT"),
+        # Resumes after node faults so far and the steps they lost (AUTO_RESUME, from the pipeline).
+        "Auto resume": env_json("AUTO_RESUME", NO_RESUME),
+    }
+    cache = f["cache"]
+    metrics = progress.loss_metrics + progress.throughput_metrics + [
+        metric("Final loss", progress.last_loss, "", {"step": f["step"]}),
+        metric("Time to train", f["train_seconds"] / 60.0, "minutes", {"steps": steps_done}),
+        metric("Average throughput", average, "seq/s", {"steps": steps_done}),
+        metric("Peak throughput", progress.peak_throughput, "seq/s", {}),
+        metric("Sequences processed", f["sequences_processed"], "sequences",
+               {"steps": steps_done, "all ranks": True}),
+        metric("Global batch size", f["global_batch"], "sequences",
+               {"formula": "batch_size * grad_accum_usteps * world_size"}),
+        metric("Scaling mode", args.scaling_mode, "", {}),
+        metric("Number of nodes", args.num_nodes, "nodes", {}),
+        metric("Compile cache hits", cache["hits"], "graphs", cache),
+        metric("Compile cache misses", cache["misses"], "graphs", cache),
+        metric("Data loader wait", f["wait_seconds"], "seconds",
+               {"rank": 0, "first_step_seconds": progress.first_step_seconds}),
+    ]
+    return {"results": {"parameters": parameters, "metrics": metrics}}
 
 
 def main(argv=None) -> int:

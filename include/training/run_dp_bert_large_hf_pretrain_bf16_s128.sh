@@ -39,8 +39,10 @@ require_positive_int SLURM_NTASKS "$node_count"
 [[ "$node_rank" =~ ^[0-9]+$ && "$node_rank" -lt "$node_count" ]] \
     || fail "SLURM_NODEID '$node_rank' is not in [0, $node_count)"
 
+# Where the Neuron devices are (tests point it at stand-ins to take the Trn1 path on a CPU machine).
+NEURON_DEVICE_GLOB="${NEURON_DEVICE_GLOB:-/dev/neuron*}"
 on_trn1=0
-if compgen -G "/dev/neuron*" >/dev/null; then
+if compgen -G "$NEURON_DEVICE_GLOB" >/dev/null; then
     on_trn1=1
 fi
 
@@ -70,7 +72,7 @@ LOCAL_SCRATCH_DIR="${LOCAL_SCRATCH_DIR:-}"
 if [[ -z "${NPROC_PER_NODE:-}" ]]; then
     if (( on_trn1 )); then
         # trn1: two NeuronCores per Trainium device (32 on a trn1.32xlarge).
-        NPROC_PER_NODE=$(( $(compgen -G "/dev/neuron*" | wc -l) * 2 ))
+        NPROC_PER_NODE=$(( $(compgen -G "$NEURON_DEVICE_GLOB" | wc -l) * 2 ))
     elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
         NPROC_PER_NODE="$(nvidia-smi -L | wc -l)"
     else
@@ -168,6 +170,26 @@ if [[ -z "${MASTER_PORT:-}" ]]; then
     fi
 fi
 
+# Reserved so that no ephemeral port takes it: the port the Neuron sample's run script reserves
+# for the Neuron runtime's collectives. Added to what the node already reserves.
+NEURON_RESERVED_PORT=48620
+reserve_neuron_port() {
+    local current
+    current="$(sysctl -n net.ipv4.ip_local_reserved_ports 2>/dev/null)" \
+        || fail "cannot read net.ipv4.ip_local_reserved_ports on $(hostname)"
+    [[ ",${current// /}," == *",$NEURON_RESERVED_PORT,"* ]] && return 0
+    local wanted="${current:+$current,}$NEURON_RESERVED_PORT"
+    if (( EUID == 0 )); then
+        sysctl -q -w "net.ipv4.ip_local_reserved_ports=$wanted" >/dev/null 2>&1
+    else
+        sudo -n sysctl -q -w "net.ipv4.ip_local_reserved_ports=$wanted" >/dev/null 2>&1
+    fi || fail "cannot reserve local port $NEURON_RESERVED_PORT on $(hostname):" \
+               "'sysctl -w net.ipv4.ip_local_reserved_ports=$wanted' needs root (or passwordless sudo" \
+               "for sysctl); reserve it in the node's set-up instead"
+}
+
+(( on_trn1 )) && reserve_neuron_port
+
 # ---------------------------------------------------------------- environment
 output_dir="$OUTPUT_ROOT/output_$job_id"
 mkdir -p "$output_dir" "$COMPILE_CACHE_DIR" || fail "cannot create '$output_dir' or '$COMPILE_CACHE_DIR'"
@@ -189,8 +211,13 @@ if (( on_trn1 )); then
     export FI_PROVIDER=efa FI_EFA_USE_DEVICE_RDMA=1 FI_EFA_FORK_SAFE=1
     # One cache on shared storage: the compile job fills it, every node of the run reuses it.
     export NEURON_COMPILE_CACHE_URL="$COMPILE_CACHE_DIR"
-    export NEURON_CC_FLAGS="${NEURON_CC_FLAGS:---model-type transformer}"
-    export XLA_DOWNCAST_BF16=1 NEURON_RT_STOCHASTIC_ROUNDING_EN=1 MALLOC_ARENA_MAX=64
+    # A graph whose compilation failed (or was interrupted) is cached as failed and skipped by every
+    # later run unless --retry_failed_compilation (parsed by torch-neuronx's compiler wrapper).
+    # The user's flags (extra_job_env) come after ours: they add, and a repeated flag overrides.
+    export NEURON_CC_FLAGS="--model-type transformer --retry_failed_compilation${NEURON_CC_FLAGS:+ $NEURON_CC_FLAGS}"
+    export NEURON_RT_STOCHASTIC_ROUNDING_EN=1 MALLOC_ARENA_MAX=64
+    # The sample's multi-node settings: runtime execution time-out, gradient bucket size, async seeds.
+    export NEURON_RT_EXEC_TIMEOUT=600 BUCKET_CAP_MB=512 XLA_TRANSFER_SEED_ASYNC=1
 else
     export TORCHINDUCTOR_CACHE_DIR="$COMPILE_CACHE_DIR/inductor"
 fi

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.localcluster, pytest.mark.skipif(
 NAME = "killjob"
 JOB_DIR = "/fsx/jobs/killjob"
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED"}
-FILES = ("run_dp_bert_large_hf_pretrain_bf16_s128.sh", "dp_bert_large_hf_pretrain_hdf5.py")
+# The run script, the training program and its pretrain_* modules.
+FILES = ("run_dp_bert_large_hf_pretrain_bf16_s128.sh", "dp_bert_large_hf_pretrain_hdf5.py",
+         *sorted(p.name for p in (REPO / "include" / "training").glob("pretrain_*.py")))
 
 
 def job_processes(marker: str) -> dict[int, str]:

@@ -228,3 +228,37 @@ def test_sbatch_as_the_cluster_user_with_data_in_shared_storage(two_node_cluster
     results_file = host_path(two_node_cluster, results_path(log))
     validate_results(json.loads(results_file.read_text()))
     assert results_file.stat().st_uid == (host_dir / "data").stat().st_uid  # written by the cluster user
+
+
+def test_sbatch_a_trn1_job_gets_the_neuron_environment_on_every_node(two_node_cluster, job_dir):
+    """The Trn1 path through Slurm: NEURON_DEVICE_GLOB points at stand-in devices on shared storage, a
+    fake training Python records its environment per node, a `sysctl` stand-in on PATH records the
+    port reservation (the machine's own settings are never touched)."""
+    host_dir, inside = job_dir
+    for name in ("dev", "bin", "data", "seen"):
+        (host_dir / name).mkdir()
+    for n in (0, 1):
+        (host_dir / "dev" / f"neuron{n}").touch()
+    for n in range(8):  # one file per worker: 2 nodes x 2 devices x 2 NeuronCores
+        (host_dir / "data" / f"part_training_{n}.hdf5").touch()
+    (host_dir / "bin" / "sysctl").write_text(
+        f'#!/bin/sh\necho "$(hostname) $*" >> {inside}/seen/sysctl\n[ "$1" = -n ] && echo 8000\nexit 0\n')
+    (host_dir / "bin" / "python").write_text(f'#!/bin/sh\nenv > {inside}/seen/env-$SLURM_NODEID\n')
+    for tool in ("sysctl", "python"):
+        (host_dir / "bin" / tool).chmod(0o755)
+
+    job_id = submit(two_node_cluster, job_dir, f"{inside}/data", TRAINING_PYTHON=f"{inside}/bin/python",
+                    NEURON_DEVICE_GLOB=f"{inside}/dev/neuron*", NEURON_CC_FLAGS="--verbose=35",
+                    PATH=f"{inside}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    assert two_node_cluster.wait_done(job_id) == "COMPLETED", slurm_log(job_dir, job_id)[-3000:]
+
+    for node in (0, 1):
+        launched = dict(line.split("=", 1) for line in (host_dir / "seen" / f"env-{node}").read_text().splitlines()
+                        if "=" in line)
+        assert {k: launched.get(k) for k in ("NEURON_RT_EXEC_TIMEOUT", "BUCKET_CAP_MB", "XLA_TRANSFER_SEED_ASYNC",
+                                             "FI_PROVIDER", "NEURON_CC_FLAGS")} == {
+            "NEURON_RT_EXEC_TIMEOUT": "600", "BUCKET_CAP_MB": "512", "XLA_TRANSFER_SEED_ASYNC": "1",
+            "FI_PROVIDER": "efa", "NEURON_CC_FLAGS": "--model-type transformer --retry_failed_compilation --verbose=35"}
+        assert "XLA_DOWNCAST_BF16" not in launched
+    writes = [line.split(" ", 1)[1] for line in (host_dir / "seen" / "sysctl").read_text().splitlines() if " -w " in line]
+    assert writes == ["-q -w net.ipv4.ip_local_reserved_ports=8000,48620"] * 2  # on each node
