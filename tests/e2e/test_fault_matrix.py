@@ -165,7 +165,10 @@ def _drive(api, env, run: Run, tis: dict[str, dict]) -> None:
         if run.outage is not None and run.outage.poll() is not None:
             run.notes.setdefault("outages", []).append(run.outage.returncode)
             run.outage = None
-        wanted = {0: tis.get("wait_for_fleet", {}).get("state") in ("running", "deferred", "up_for_reschedule"),
+        # wait_for_fleet is short on dynamic nodes: any state between pcluster_create's success and
+        # its own (scheduled, queued, running, deferred) starts the first outage, so no poll misses it.
+        fleet = tis.get("wait_for_fleet", {}).get("state")
+        wanted = {0: tis.get("pcluster_create", {}).get("state") == "success" and fleet not in ("success", "failed"),
                   1: train == "deferred"}
         if run.outage is None and wanted.get(run.step):
             run.outage, run.step = fa.start_ssh_outage(run.cluster, OUTAGE_S), run.step + 1
