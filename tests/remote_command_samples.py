@@ -16,12 +16,14 @@ SLURM_PROGRAMS = ("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", 
 
 
 def builders() -> dict[str, Callable[..., rc.RemoteCommand]]:
-    """Every public function of the package that returns a RemoteCommand."""
+    """Every public function of the package that returns a RemoteCommand (``command.from_argv``, the
+    helper they share, builds none of its own)."""
     found = {}
     for name in dir(rc):
         function = getattr(rc, name)
         if (not name.startswith("_") and inspect.isfunction(function)
                 and function.__module__.startswith("ultracluster.remote_commands")
+                and function.__module__ != "ultracluster.remote_commands.command"
                 and inspect.signature(function).return_annotation in ("RemoteCommand", rc.RemoteCommand)):
             found[name] = function
     return found
