@@ -244,7 +244,8 @@ def test_sbatch_a_trn1_job_gets_the_neuron_environment_on_every_node(two_node_cl
     (host_dir / "bin" / "sysctl").write_text(
         f'#!/bin/sh\necho "$(hostname) $*" >> {inside}/seen/sysctl\n[ "$1" = -n ] && echo 8000\nexit 0\n')
     (host_dir / "bin" / "python").write_text(f'#!/bin/sh\nenv > {inside}/seen/env-$SLURM_NODEID\n')
-    for tool in ("sysctl", "python"):
+    (host_dir / "bin" / "neuronx-cc").write_text("#!/bin/sh\nexit 0\n")  # checked for, never run here
+    for tool in ("sysctl", "python", "neuronx-cc"):
         (host_dir / "bin" / tool).chmod(0o755)
 
     job_id = submit(two_node_cluster, job_dir, f"{inside}/data", TRAINING_PYTHON=f"{inside}/bin/python",

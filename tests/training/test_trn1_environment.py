@@ -33,10 +33,12 @@ def trn1_node(tmp_path: Path, reserved: str, sysctl_write_fails: bool = False, *
         f'echo "$*" >> "{calls}"\n'
         f'[ "$1" = -n ] && {{ echo "{reserved}"; exit 0; }}\n'
         f"exit {1 if sysctl_write_fails else 0}\n")
+    # The Neuron venv's compiler, which the script checks for on a Trn1 node (it never runs here).
+    (tools / "neuronx-cc").write_text("#!/bin/sh\nexit 0\n")
     seen = tmp_path / "launch-env"
     python = tmp_path / "fake-python"
     python.write_text(f'#!/bin/sh\nenv > "{seen}"\necho "$*" > "{seen}.args"\n')
-    for tool in (tools / "sysctl", python):
+    for tool in (tools / "sysctl", tools / "neuronx-cc", python):
         tool.chmod(0o755)
     data = tmp_path / "data"
     data.mkdir()

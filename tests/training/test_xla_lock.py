@@ -9,7 +9,7 @@ import re
 import shlex
 
 from tests.training.support import REPO, TRAINING_DIR
-from ultracluster.neuron_versions import load_versions
+from ultracluster.run.neuron_versions import load_versions
 
 REQUIREMENTS = TRAINING_DIR / "requirements-xla.txt"
 LOCK = TRAINING_DIR / "requirements-xla.lock"

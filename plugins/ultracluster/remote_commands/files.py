@@ -111,9 +111,11 @@ def kill_process_group(pid_file: str, grace_seconds: int = 5) -> RemoteCommand:
             f'if [ -f {pid} ]; then p=$(cat {pid}); case "$p" in (*[!0-9]*|"") exit 0;; '
             # kill -- -0 signals our own group and -1 every process: a corrupt pid file must not.
             f'(0*|1) echo "refusing to signal process group $p from {pid_file}" >&2; exit 1;; esac; '
-            f'kill -TERM -- "-$p" 2>/dev/null; i=0; '
-            f'while [ "$i" -lt {ticks} ] && kill -0 -- "-$p" 2>/dev/null; do sleep 0.1; i=$((i+1)); done; '
-            f'kill -KILL -- "-$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
+            # The process too: its pid is written before it has called setsid(), so its group may not exist yet.
+            f'kill -TERM -- "-$p" 2>/dev/null; kill -TERM "$p" 2>/dev/null; i=0; '
+            f'while [ "$i" -lt {ticks} ] && {{ kill -0 -- "-$p" 2>/dev/null || kill -0 "$p" 2>/dev/null; }}; '
+            f'do sleep 0.1; i=$((i+1)); done; '
+            f'kill -KILL -- "-$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; rm -f -- {pid}; fi; exit 0'
         ),
         description=f"stop the process group in {pid_file}",
     )
