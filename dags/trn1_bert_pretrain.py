@@ -193,6 +193,7 @@ with DAG(
         ssh_conn_id=SSH_CONN_ID,
         poke_interval=PROFILE["fleet_poke_interval_s"],
         timeout=PROFILE["fleet_timeout_s"],
+        node_replacements="{{ params.node_replacements }}",
     )
 
     download_data = DownloadDatasetOperator(
@@ -272,6 +273,7 @@ with DAG(
         job_name="{{ dag.dag_id }}-train",
         # After a node fault: wait for the fleet, resubmit from the newest checkpoint (docs/operations.md).
         auto_resume_attempts="{{ params.auto_resume_attempts }}",
+        node_replacements="{{ params.node_replacements }}",
         **{**same_slurm_job, "job_env": {
             **JOB_ENV,
             # How parallel_compile ran (launcher or compile-only): into results.json.

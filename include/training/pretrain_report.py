@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": []}
+NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}}
 # Environment worth keeping in results.json to reproduce a run.
 RECORDED_ENV_PREFIXES = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
                          "MASTER_", "WORLD_SIZE", "NEURON_", "XLA_", "FI_", "OMP_NUM_THREADS",

@@ -48,7 +48,8 @@ def resume_summary(record: Mapping[str, Any]) -> dict[str, Any]:
         {key: entry.get(key) for key in ("failed_job_id", "state", "last_step", "from_step", "steps_lost", "job_id")}
         for entry in record.get("resumes", [])
     ]
-    return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history}
+    return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history,
+            "nodes_lost": dict(record.get("nodes_lost") or {})}
 
 
 def resume_point(candidates: Sequence[tuple[int | None, str | None]], resume_ckpt_step: int | None,
