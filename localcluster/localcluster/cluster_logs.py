@@ -71,9 +71,13 @@ def stack_started(cluster_dir: Path, name: str, arn: str) -> None:
                 stack=(name, arn))
 
 
+def stream_path(cluster_dir: Path, hostname: str, instance_id: str, log: str) -> Path:
+    return _streams(cluster_dir) / f"{hostname}.{instance_id}.{log}"
+
+
 def write_log(cluster_dir: Path, hostname: str, instance_id: str, log: str, lines: list[str]) -> Path:
     """Append lines (each already carrying its timestamp) to the stream's file."""
-    path = _streams(cluster_dir) / f"{hostname}.{instance_id}.{log}"
+    path = stream_path(cluster_dir, hostname, instance_id, log)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as out:
         out.write("".join(line.rstrip("\n") + "\n" for line in lines))

@@ -24,3 +24,21 @@ def is_known_instance_type(name: str) -> bool:
         return True
     family, _, size = name.partition(".")
     return family in _FAMILIES and size in _SIZES
+
+
+# What ec2:DescribeInstanceTypes reports of the accelerator instances' devices (NeuronInfo, EfaInfo).
+# Neuron devices (2 NeuronCores, 32 GiB each): Neuron docs, "Amazon EC2 Trn1/Trn1n Architecture".
+NEURON_DEVICES = {"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16}
+# EFA devices: Neuron docs, "How to prepare trn1.32xlarge for multi-node execution" ("trn1.32xlarge has
+# 8 EFA devices, trn1n.32xlarge has 16"; the smaller sizes have none).
+EFA_DEVICES = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16}
+
+
+def neuron_devices(instance_type: str) -> int:
+    return NEURON_DEVICES.get(instance_type, 0)
+
+
+def efa_devices(instance_type: str, efa_enabled: bool) -> int:
+    """EFA devices of an instance: only when its compute resource enables EFA (pcluster then launches it
+    with EFA network interfaces) and its type has them."""
+    return EFA_DEVICES.get(instance_type, 0) if efa_enabled else 0

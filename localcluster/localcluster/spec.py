@@ -2,6 +2,7 @@
 ParallelCluster v3 YAML) and the runtime (which turns it into daemons)."""
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, asdict
 
 # aws-parallelcluster 3.16.1: pcluster/constants.py OS_MAPPING (the OS's default user: the SSH user).
@@ -31,6 +32,17 @@ class Queue:
     placement_group: bool = False
 
 
+def node_plan(queues: Sequence[Queue]) -> Iterator[tuple[Queue, ComputeResource, str, bool]]:
+    """(queue, resource, node name, dynamic) in slurm.conf order, named as pcluster names them:
+    <queue>-st-<resource>-N for MinCount, then <queue>-dy-<resource>-N up to MaxCount."""
+    for queue in queues:
+        for resource in queue.compute_resources:
+            for n in range(1, resource.min_count + 1):
+                yield queue, resource, f"{queue.name}-st-{resource.name}-{n}", False
+            for n in range(1, resource.max_count - resource.min_count + 1):
+                yield queue, resource, f"{queue.name}-dy-{resource.name}-{n}", True
+
+
 @dataclass(frozen=True)
 class Faults:
     """Fault-injection knobs (docs/contracts.md); None/0 means off."""
@@ -40,7 +52,20 @@ class Faults:
     kill_node_after: float | None = None      # seconds after a job starts on a node
     ssh_outage: tuple[float, float] | None = None  # (after, duration) seconds after CREATE_COMPLETE
     boot_delay: float = 2.0
-    neuron_unhealthy: tuple[str, ...] = ()   # compute nodes whose neuron-ls fails
+    # Targets NODE or NODE:always whose neuron-ls / fi_info report one device fewer (runtime/node_faults.py).
+    neuron_unhealthy: tuple[str, ...] = ()
+    efa_unhealthy: tuple[str, ...] = ()
+
+
+ALWAYS = "always"
+
+
+def parse_fault_target(text: str) -> tuple[str, bool]:
+    """A node fault's target: `NODE` (that node's current or next instance) or `NODE:always` -> (node, always)."""
+    node, sep, scope = text.strip().partition(":")
+    if not node or any(c.isspace() for c in node) or (sep and scope != ALWAYS):
+        raise ValueError(f"a node fault target is NODE or NODE:{ALWAYS}, got {text!r}")
+    return node, bool(sep)
 
 
 @dataclass(frozen=True)
@@ -67,6 +92,9 @@ class ClusterSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def compute_node_names(self) -> list[str]:
+        return [name for _, _, name, _ in node_plan(self.queues)]
+
     @staticmethod
     def from_dict(d: dict) -> "ClusterSpec":
         queues = tuple(
@@ -83,8 +111,9 @@ class ClusterSpec:
             f["insufficient_capacity"] = tuple(f["insufficient_capacity"])
         if f.get("ssh_outage") is not None:
             f["ssh_outage"] = tuple(f["ssh_outage"])
-        if f.get("neuron_unhealthy") is not None:
-            f["neuron_unhealthy"] = tuple(f["neuron_unhealthy"])
+        for key in ("neuron_unhealthy", "efa_unhealthy"):
+            if f.get(key) is not None:
+                f[key] = tuple(f[key])
         return ClusterSpec(
             name=d["name"], region=d["region"], head_instance_type=d["head_instance_type"],
             key_name=d["key_name"], queues=queues, mount_dirs=tuple(d.get("mount_dirs", ("/fsx",))),

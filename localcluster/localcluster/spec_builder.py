@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .shapes import FAILURE_REASONS, validation_error
-from .spec import ClusterSpec, ComputeResource, Faults, Queue
+from .spec import ClusterSpec, ComputeResource, Faults, Queue, node_plan, parse_fault_target
 
 TAG_PREFIX = "local-ultracluster:"
 # knob -> environment variable; a config tag `local-ultracluster:<knob>` wins over the variable.
@@ -17,6 +17,7 @@ FAULT_ENV = {
     "ssh-outage": "LOCAL_UC_SSH_OUTAGE",
     "boot-delay": "LOCAL_UC_BOOT_DELAY",
     "neuron-unhealthy": "LOCAL_UC_NEURON_UNHEALTHY",
+    "efa-unhealthy": "LOCAL_UC_EFA_UNHEALTHY",
 }
 FAULT_VALIDATOR = "LocalUltraClusterFaultValidator"
 
@@ -50,6 +51,26 @@ def _seconds(knob: str, text: str) -> float:
     return value
 
 
+def _node_targets(knob: str, text: str, nodes: list[str] | None) -> tuple[str, ...]:
+    """NODE[:always],... naming compute nodes of the config (when ``nodes`` is known)."""
+    targets = tuple(t.strip() for t in text.split(",") if t.strip())
+    for target in targets:
+        try:
+            node, _ = parse_fault_target(target)
+        except ValueError as error:
+            raise FaultError(f"{knob}: {error}") from None
+        if nodes is not None and node not in nodes:
+            raise FaultError(f"{knob}: {node!r} is not a compute node of this cluster; its nodes: {', '.join(nodes)}")
+    return targets
+
+
+def _config_node_names(config: Mapping[str, Any]) -> list[str] | None:
+    try:
+        return [name for _, _, name, _ in node_plan([_queue(q) for q in config["Scheduling"]["SlurmQueues"]])]
+    except (KeyError, TypeError, IndexError, ValueError):
+        return None   # the schema validator reports a malformed config
+
+
 def build_faults(config: Mapping[str, Any], env: Mapping[str, str]) -> Faults:
     values = _knob_values(config, env)
     fail_create = values.get("fail-create") or None
@@ -64,6 +85,7 @@ def build_faults(config: Mapping[str, Any], env: Mapping[str, str]) -> Faults:
             raise FaultError(f"ssh-outage must be AFTER:DURATION seconds, got {values['ssh-outage']!r}")
         outage = (_seconds("ssh-outage", after), _seconds("ssh-outage", duration))
     kill_after = values.get("kill-node-after")
+    nodes = _config_node_names(config)
     return Faults(
         provisioning_delay=_seconds("provisioning-delay", values.get("provisioning-delay", "3")),
         fail_create=fail_create,
@@ -71,7 +93,8 @@ def build_faults(config: Mapping[str, Any], env: Mapping[str, str]) -> Faults:
         kill_node_after=_seconds("kill-node-after", kill_after) if kill_after else None,
         ssh_outage=outage,
         boot_delay=_seconds("boot-delay", values.get("boot-delay", "2")),
-        neuron_unhealthy=tuple(n.strip() for n in values.get("neuron-unhealthy", "").split(",") if n.strip()),
+        neuron_unhealthy=_node_targets("neuron-unhealthy", values.get("neuron-unhealthy", ""), nodes),
+        efa_unhealthy=_node_targets("efa-unhealthy", values.get("efa-unhealthy", ""), nodes),
     )
 
 

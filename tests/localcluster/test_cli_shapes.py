@@ -359,7 +359,8 @@ def test_full_lifecycle_create_complete_fleet_delete(
         "CREATE_COMPLETE", "CREATE_IN_PROGRESS")
     code, streams = pcluster("list-cluster-log-streams", "-n", "lifecycle", "--filters", "Name=node-type,Values=HeadNode")
     assert [s["logStreamName"] for s in streams["logStreams"]] == [
-        f"ip-{head['privateIpAddress'].replace('.', '-')}.{head['instanceId']}.{log}" for log in ("cfn-init", "chef-client")]
+        f"ip-{head['privateIpAddress'].replace('.', '-')}.{head['instanceId']}.{log}"
+        for log in ("cfn-init", "chef-client", "clustermgtd")]
 
     code, instances = pcluster("describe-cluster-instances", "-n", "lifecycle")
     assert code == 0
@@ -446,7 +447,7 @@ def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
     # The tag wins over the variable; variables fill in what tags do not set.
     assert spec["faults"] == {"provisioning_delay": 600.0, "fail_create": None, "insufficient_capacity": ["trn1"],
                               "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0,
-                              "neuron_unhealthy": []}
+                              "neuron_unhealthy": [], "efa_unhealthy": []}
     assert spec["config_yaml"] == config.read_text()
     delete_and_wait(uc_env, uc_home, "specced")
 

@@ -181,13 +181,20 @@ def test_cluster_name_too_long(make_cluster_config: Callable[..., Path], uc_env:
     assert_nothing_created(uc_env, uc_home, name)
 
 
-def test_bad_fault_tag(make_cluster_config: Callable[..., Path], uc_env: dict[str, str], uc_home: Path) -> None:
-    config = make_cluster_config(tags={"local-ultracluster:fail-create": "Oops"})
+@pytest.mark.parametrize(("knob", "value", "said"), [
+    ("fail-create", "Oops", "Oops"),
+    # Node faults name a node of the config (dynamic=2: compute1-dy-trn1-1 and -2), NODE or NODE:always.
+    ("efa-unhealthy", "compute1-dy-trn1-3", "efa-unhealthy: 'compute1-dy-trn1-3' is not a compute node"),
+    ("neuron-unhealthy", "compute1-dy-trn1-1:sometimes", "neuron-unhealthy: a node fault target is NODE or NODE:always"),
+])
+def test_bad_fault_tag(knob: str, value: str, said: str, make_cluster_config: Callable[..., Path],
+                       uc_env: dict[str, str], uc_home: Path) -> None:
+    config = make_cluster_config(tags={f"local-ultracluster:{knob}": value})
     code, out = create(uc_env, config, NAME, "--suppress-validators", "ALL")   # cannot be suppressed
     assert code == 1
     [error] = out["configurationValidationErrors"]
     assert (error["level"], error["type"]) == ("ERROR", "LocalUltraClusterFaultValidator")
-    assert "Oops" in error["message"]
+    assert said in error["message"], error["message"]
     assert_nothing_created(uc_env, uc_home)
 
 

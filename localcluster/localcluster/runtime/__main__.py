@@ -1,5 +1,6 @@
 """`python -m localcluster.runtime provision SPEC_JSON CLUSTER_DIR | teardown CLUSTER_DIR | describe
-CLUSTER_DIR | fleet CLUSTER_DIR STATUS | stop-everything HOME`: prints JSON; exit 1 on failure."""
+CLUSTER_DIR | fleet CLUSTER_DIR STATUS | stop-everything HOME | faults CLUSTER_DIR KNOB [NODE[:always] ...]`:
+prints JSON; exit 1 on failure. `faults` replaces a running cluster's node fault targets (node_faults.py)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,9 @@ import sys
 from pathlib import Path
 
 from ..spec import ClusterSpec
-from . import describe_runtime, provision, set_compute_fleet, stop_everything, teardown
+from . import describe_runtime, node_faults, provision, set_compute_fleet, stop_everything, teardown
 from .errors import RuntimeProvisionError
+from .runtime_state import cluster_paths, load_runtime, runtime_nodes
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +29,10 @@ def main(argv: list[str]) -> int:
             result = describe_runtime(Path(args[0]))
         elif command == "fleet":
             result = {"status": set_compute_fleet(Path(args[0]), args[1])}
+        elif command == "faults":
+            paths = cluster_paths(Path(args[0]))
+            nodes = [n.name for n in runtime_nodes(load_runtime(paths))]
+            result = {"knob": args[1], "targets": node_faults.set_targets(paths, args[1], args[2:], nodes)}
         elif command == "stop-everything":
             result = {"stopped": stop_everything(Path(args[0]))}
         else:

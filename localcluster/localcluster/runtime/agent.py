@@ -16,10 +16,10 @@ from datetime import datetime
 from pathlib import Path
 
 from . import sshd
-from .nodes import kill_node_processes, read_daemons, read_node_state, start_slurmd, utc_now_iso
+from .nodes import kill_node_processes, read_daemons, read_node_state, utc_now_iso
 from .paths import ClusterPaths
 from .procs import cmdline, kill_pids, pids_in_namespaces
-from .runtime_state import cluster_paths, find_node, load_runtime
+from .runtime_state import cluster_paths, load_runtime
 from .slurmcmd import expand_hostlist, set_node_state, slurm
 
 POLL_S = 1.0   # squeue once a second is enough and cheap on 2 cores
@@ -73,20 +73,9 @@ class KillNodeFault:
         state = read_node_state(self.paths, node)
         killed = kill_node_processes(self.paths, state.uts_ns, grace=0.0)
         log(f"kill-node: killed {node} (job {job_id}): pids {killed}")
-        # What clustermgtd does when an instance disappears: the scheduler learns at once.
+        # The scheduler learns at once (Slurm itself would after SlurmdTimeout); clustermgtd.py then
+        # replaces the DOWN node as it replaces any unhealthy one.
         set_node_state(self.paths, [node], "DOWN", KILLED_REASON)
-        self._replace(node)
-
-    def _replace(self, node: str) -> None:
-        runtime = load_runtime(self.paths)
-        if find_node(runtime, node).dynamic:
-            # A dead dynamic node is powered down and can be launched again later.
-            set_node_state(self.paths, [node], "POWER_DOWN_FORCE")
-            log(f"kill-node: powered down {node}")
-            return
-        time.sleep(float(runtime["faults"].get("boot_delay") or 0))
-        start_slurmd(self.paths, node, runtime["mount_dirs"], fresh_boot=True)
-        log(f"kill-node: replaced static node {node}")
 
 
 class SshOutageFault:

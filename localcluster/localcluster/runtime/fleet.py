@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from .nodes import node_is_up, start_slurmd, stop_slurmd
-from .runtime_state import cluster_paths, load_runtime, runtime_nodes, save_runtime
+from .runtime_state import cluster_paths, fleet_lock, load_runtime, runtime_nodes, save_runtime
 from .slurmcmd import set_node_state, slurm, wait_nodes_state
 
 FLEET_STOPPED_REASON = "Compute fleet stopped"
@@ -15,9 +15,10 @@ POWER_DOWN_TIMEOUT_S = 60.0
 
 def _set_status(cluster_dir: Path, status: str) -> dict:
     paths = cluster_paths(cluster_dir)
-    runtime = load_runtime(paths)
-    runtime["compute_fleet_status"] = status
-    save_runtime(paths, runtime)
+    with fleet_lock(paths):
+        runtime = load_runtime(paths)
+        runtime["compute_fleet_status"] = status
+        save_runtime(paths, runtime)
     return runtime
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from ..spec import ClusterSpec
+from ..spec import ClusterSpec, node_plan
 from .slots import Slot
 
 
@@ -17,6 +17,7 @@ class ComputeNode:
     dynamic: bool
     ip: str
     port: int
+    efa: bool = False    # the compute resource's Efa.Enabled: the instance gets its EFA devices
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -29,16 +30,12 @@ def head_hostname(slot: Slot) -> str:
 
 def compute_nodes(spec: ClusterSpec, slot: Slot) -> list[ComputeNode]:
     nodes: list[ComputeNode] = []
-    for queue in spec.queues:
-        for resource in queue.compute_resources:
-            kinds = [("st", n) for n in range(1, resource.min_count + 1)]
-            kinds += [("dy", n) for n in range(1, resource.max_count - resource.min_count + 1)]
-            for kind, n in kinds:
-                number = len(nodes) + 1
-                nodes.append(ComputeNode(
-                    name=f"{queue.name}-{kind}-{resource.name}-{n}", number=number, queue=queue.name,
-                    resource=resource.name, instance_type=resource.instance_type, dynamic=kind == "dy",
-                    ip=slot.compute_ip(number), port=slot.slurmd_port(number)))
+    for queue, resource, name, dynamic in node_plan(spec.queues):
+        number = len(nodes) + 1
+        nodes.append(ComputeNode(
+            name=name, number=number, queue=queue.name, resource=resource.name,
+            instance_type=resource.instance_type, dynamic=dynamic, ip=slot.compute_ip(number),
+            port=slot.slurmd_port(number), efa=resource.efa))
     return nodes
 
 

@@ -8,21 +8,20 @@ and the contract the pipeline relies on: neuron_parallel_compile runs the comman
 NEURON_EXTRACT_GRAPHS_ONLY=1 and then calls neuronx-cc by name (found on PATH or not, as the real one).
 
 The nodes' Neuron venv is the local training environment (LOCAL_UC_TRAINING_VENV) seen at the real
-path, with the two compiler stand-ins added to its bin/. neuron-ls is healthy unless the node is listed
-in the cluster's `run/faults/neuron-unhealthy` (the `neuron-unhealthy` knob; tests may rewrite it).
+path, with the two compiler stand-ins added to its bin/. neuron-ls lists the instance type's devices,
+one fewer where the `neuron-unhealthy` fault holds (node_faults.py), as a failed device drops out.
 """
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
+from ..instance_types import neuron_devices
+from . import node_faults
 from .paths import ClusterPaths
 
 NEURON_BIN = "/opt/aws/neuron/bin"
 NEURON_VENV = "/opt/aws_neuron_venv_pytorch"
-# Neuron devices (2 NeuronCores, 32 GiB each on Trn1) per instance type.
-DEVICES = {"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16}
 STAND_IN_VERSION = "0.0.0+local-ultracluster-stand-in"
 
 
@@ -43,32 +42,12 @@ def record_training_venv(paths: ClusterPaths) -> None:
     target.write_text(str(Path(base).resolve()) if base else "")
 
 
-def unhealthy_file(paths: ClusterPaths) -> Path:
-    return paths.run / "faults" / "neuron-unhealthy"
-
-
-def set_unhealthy(paths: ClusterPaths, nodes: list[str]) -> None:
-    target = unhealthy_file(paths)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("".join(f"{n}\n" for n in nodes))
-    target.chmod(0o644)
-
-
 def _neuron_ls(paths: ClusterPaths, nodes: list[dict]) -> str:
-    cases = "\n".join(f"    {shlex.quote(n['name'])}) type={shlex.quote(n['instance_type'])} "
-                      f"devices={DEVICES.get(n['instance_type'], 0)} ;;" for n in nodes)
+    devices = {n["name"]: (n["instance_type"], neuron_devices(n["instance_type"])) for n in nodes}
     return f"""#!/bin/bash
 # local UltraCluster stand-in for neuron-ls (aws-neuronx-tools): a real node's devices, from its
-# instance type; fails on nodes listed in {unhealthy_file(paths)}.
-node=$(hostname)
-case "$node" in
-{cases}
-    *) type=unknown devices=0 ;;
-esac
-if grep -qxF "$node" {shlex.quote(str(unhealthy_file(paths)))} 2>/dev/null; then
-    echo "neuron-ls: failed to open the Neuron devices of $node (local-ultracluster fault neuron-unhealthy)" >&2
-    exit 1
-fi
+# instance type; one fewer where the neuron-unhealthy fault holds.
+{node_faults.shell_devices(paths, "neuron-unhealthy", devices)}
 if [ "$devices" -eq 0 ]; then
     echo "neuron-ls: no Neuron devices found on $node ($type)" >&2
     exit 1
@@ -142,8 +121,6 @@ def install(layer: Path, paths: ClusterPaths, nodes: list[dict]) -> None:
     _write(additions / "bin" / "neuron_parallel_compile", NEURON_PARALLEL_COMPILE)
     for directory in (additions, additions / "bin"):
         directory.chmod(0o755)
-    if not unhealthy_file(paths).exists():
-        set_unhealthy(paths, [])
     record_training_venv(paths)
 
 

@@ -4,7 +4,8 @@ Each layer is a directory tree laid over the host's own directories inside the n
 namespaces only (overlayfs, `scripts/ns-exec.sh`), so the host keeps its own packages and files:
 - common (head and compute nodes): Slurm's client commands under /opt/slurm/bin, on a login shell's
   PATH only through /etc/profile.d/slurm.sh; Debian's /usr/bin Slurm commands hidden (whiteouts);
-  passwordless sudo for the OS's default user (/etc/sudoers.d).
+  passwordless sudo for the OS's default user (/etc/sudoers.d); the EFA installer's fi_info in
+  /opt/amazon/efa/bin, a stand-in (efa_tools.py).
 - compute: the Neuron tools (/opt/aws/neuron/bin) and the Neuron venv (/opt/aws_neuron_venv_pytorch)
   that include/cluster/on_node_configured.sh installs there, with stand-ins where the real tool
   needs Neuron devices or the Neuron repositories (neuron_tools.py).
@@ -16,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from . import neuron_tools
+from . import efa_tools, neuron_tools
 from ..spec import default_user
 from .errors import RuntimeProvisionError
 from .paths import ClusterPaths
@@ -67,7 +68,7 @@ def _whiteout(path: Path) -> None:
         os.mknod(path, 0o600 | 0o020000, os.makedev(0, 0))
 
 
-def build_common(paths: ClusterPaths, user: str) -> None:
+def build_common(paths: ClusterPaths, user: str, head: dict, nodes: list[dict]) -> None:
     layer = paths.node_layer("common")
     bin_dir = slurm_bin(paths)
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,7 @@ def build_common(paths: ClusterPaths, user: str) -> None:
     if not Path("/etc/sudoers.d").is_dir() or not shutil.which("sudo"):
         raise RuntimeProvisionError("sudo is not installed (make setup): nodes grant the default user sudo")
     _write(layer / "etc" / "sudoers.d" / "90-cloud-init-users", sudoers_text(user), 0o440)
+    efa_tools.install(layer, paths, head, nodes)
     for directory in [layer, *layer.rglob("*")]:
         if directory.is_dir():
             directory.chmod(0o755)
@@ -94,8 +96,9 @@ def build_compute(paths: ClusterPaths, nodes: list[dict]) -> None:
             directory.chmod(0o755)
 
 
-def build(paths: ClusterPaths, user: str, nodes: list[dict]) -> None:
-    build_common(paths, user)
+def build(paths: ClusterPaths, user: str, head: dict, nodes: list[dict]) -> None:
+    """``head``, ``nodes``: runtime.json's head_node and nodes."""
+    build_common(paths, user, head, nodes)
     build_compute(paths, nodes)
 
 

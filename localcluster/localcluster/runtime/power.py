@@ -1,29 +1,30 @@
 """Slurm ResumeProgram / SuspendProgram / ResumeFailProgram: power dynamic nodes up and down
-(pcluster's slurm_resume / slurm_suspend), and replace a node past its bootstrap timeout.
+(pcluster's slurm_resume / slurm_suspend), and an instance's boot.
 
 Called by slurmctld as `python -m localcluster.runtime.power resume|suspend|resume-fail CLUSTER_DIR HOSTLIST`.
 The bootstrap timeout (DevSettings.Timeouts.ComputeNodeBootstrapTimeout) is Slurm's ResumeTimeout, as
-on pcluster: a node not registered by then is set DOWN by Slurm, which runs ResumeFailProgram. That
-does what clustermgtd does with such a node (aws-parallelcluster-node, _handle_unhealthy_dynamic_nodes):
-terminate its instance and power it down, so that Slurm may launch it again (the replacement). A boot
-that would end after the timeout never starts its slurmd.
+on pcluster: a node not registered by then is set DOWN by Slurm, which runs ResumeFailProgram; that only
+logs (pcluster's is slurm_suspend), and clustermgtd.py terminates the node's instance and powers it down,
+so that Slurm may launch it again (the replacement). A boot that would end after the timeout never
+starts its slurmd.
 """
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .nodes import NodeState, read_node_state, start_slurmd, stop_slurmd, utc_now_iso, write_node_state
+from . import instances
+from .nodes import read_node_state, start_slurmd, utc_now_iso
 from .paths import ClusterPaths
-from .runtime_state import cluster_paths, find_node, load_runtime, runtime_aws
-from .slurmcmd import expand_hostlist, set_node_state
+from .runtime_state import cluster_paths, find_node, load_runtime
+from .slurmcmd import expand_hostlist, set_node_state, slurm
 
 ICE_REASON = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
-# clustermgtd's reason when it powers down an unhealthy dynamic node.
-UNHEALTHY_REASON = "Scheduler health check failed"
+# The cookbook's compute-node bootstrap resumes a static node once its slurmd runs (execute 'resume_node':
+# "Always try to resume a static node on start up"), clearing a replaced node's DOWN and DRAIN.
+START_UP_REASON = "Node start up"
 # slurmctld ignores a resumed node whose boot time (whole seconds) is not after the power-up request,
 # and a time namespace cannot make uptime start below its current fraction: boot at least this late.
 MIN_BOOT_S = 2.0
@@ -51,20 +52,12 @@ def resume(paths: ClusterPaths, hostlist: str) -> None:
     if denied:
         log(paths, f"resume {','.join(denied)}: insufficient capacity")
         set_node_state(paths, denied, "DOWN", ICE_REASON)
-    aws = runtime_aws(runtime)
     for name in names:
         if name in denied:
             continue
-        node = find_node(runtime, name)
-        instance_id, launch_time = aws.run_instance(runtime["cluster_name"], "Compute", node.instance_type, name,
-                                                    node.queue, node.resource)
-        log(paths, f"resume {name}: booting {instance_id}")
-        write_node_state(paths, NodeState(name=name, state="booting", instance_id=instance_id,
-                                          launch_time=launch_time, requested_at=time.time()))
-        # Boot in the background: slurmctld waits for ResumeProgram, not for the node.
-        subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.power", "boot", str(paths.root), name],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True, close_fds=True, cwd="/")
+        instance = instances.launch(paths, runtime, find_node(runtime, name))
+        log(paths, f"resume {name}: booting {instance[0]}")
+        instances.boot_in_background(paths, name, instance)
 
 
 def boot(paths: ClusterPaths, name: str) -> None:
@@ -84,29 +77,22 @@ def boot(paths: ClusterPaths, name: str) -> None:
     state = start_slurmd(paths, name, runtime["mount_dirs"], fresh_boot=True,
                          instance=(booting.instance_id, booting.launch_time) if booting.instance_id else None)
     log(paths, f"boot {name}: slurmd pid {state.pid}")
+    if not find_node(runtime, name).dynamic:
+        # Fails when the node is already up (a first boot): ignored, as the cookbook does.
+        slurm(paths, "scontrol", "update", f"nodename={name}", "state=resume", f"reason={START_UP_REASON}",
+              check=False)
 
 
 def suspend(paths: ClusterPaths, hostlist: str) -> None:
-    aws = runtime_aws(load_runtime(paths))
-    for name in expand_hostlist(paths, hostlist):
-        instance_id = read_node_state(paths, name).instance_id
-        stopped = stop_slurmd(paths, name)
-        if instance_id:
-            aws.terminate_instances([instance_id])
-        log(paths, f"suspend {name}: stopped {stopped}, terminated {instance_id}")
+    runtime = load_runtime(paths)
+    for name, instance_id in instances.retire(paths, runtime, expand_hostlist(paths, hostlist)).items():
+        log(paths, f"suspend {name}: stopped, terminated {instance_id}")
 
 
 def resume_fail(paths: ClusterPaths, hostlist: str) -> None:
-    """Nodes Slurm gave up on at ResumeTimeout: what clustermgtd does with a bootstrap failure."""
-    aws = runtime_aws(load_runtime(paths))
-    names = expand_hostlist(paths, hostlist)
-    for name in names:
-        instance_id = read_node_state(paths, name).instance_id
-        log(paths, f"Node bootstrap error: Resume timeout expires for node {name} ({instance_id})")
-        stop_slurmd(paths, name)
-        if instance_id:
-            aws.terminate_instances([instance_id])
-    set_node_state(paths, names, "POWER_DOWN_FORCE", UNHEALTHY_REASON)
+    """Nodes Slurm gave up on at ResumeTimeout: left DOWN for clustermgtd to replace."""
+    for name in expand_hostlist(paths, hostlist):
+        log(paths, f"resume-fail {name}: resume timeout, instance {read_node_state(paths, name).instance_id}")
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..aws import endpoint_url
 from ..spec import ClusterSpec
-from . import accounting, munge, neuron_tools, node_root, sshd
+from . import accounting, clustermgtd, instances, munge, node_faults, node_root, sshd
 from .errors import RuntimeProvisionError
 from .layout import ComputeNode, compute_nodes, count_compute_nodes, head_hostname, hosts_file_text
 from .nodes import head_launch, start_slurmd, utc_now_iso
@@ -24,6 +24,7 @@ from .slurmconf import render_slurm_conf, render_slurmdbd_conf, resume_timeout, 
 from .users import prepare_shared_home
 
 NODE_READY_TIMEOUT_S = 60.0
+HELPER_START_TIMEOUT_S = 30.0
 
 
 def provision(spec: ClusterSpec, cluster_dir: Path) -> dict:
@@ -41,7 +42,8 @@ def provision(spec: ClusterSpec, cluster_dir: Path) -> dict:
         raise RuntimeProvisionError(f"provisioning {spec.name} failed: {exc}") from exc
     runtime["bring_up_seconds"] = round(time.monotonic() - started, 3)
     save_runtime(paths, runtime)
-    _start_agent_if_needed(paths, spec)
+    if spec.faults.kill_node_after is not None or spec.faults.ssh_outage is not None:
+        _start_helper(paths, "agent")
     return runtime
 
 
@@ -131,7 +133,8 @@ def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: 
                    "kill_node_after": spec.faults.kill_node_after,
                    "ssh_outage": list(spec.faults.ssh_outage) if spec.faults.ssh_outage else None,
                    "boot_delay": spec.faults.boot_delay,
-                   "neuron_unhealthy": list(spec.faults.neuron_unhealthy)},
+                   "neuron_unhealthy": list(spec.faults.neuron_unhealthy),
+                   "efa_unhealthy": list(spec.faults.efa_unhealthy)},
         "compute_fleet_status": "RUNNING",
         "ready_at": None,
         "ready_at_epoch": None,
@@ -152,8 +155,13 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
     paths.hosts_file.chmod(0o644)
     mounts = list(spec.mount_dirs)
     user = runtime["ssh_user"]
-    node_root.build(paths, user, runtime["nodes"])
-    neuron_tools.set_unhealthy(paths, list(spec.faults.neuron_unhealthy))
+    node_root.build(paths, user, head, runtime["nodes"])
+    for knob, targets in (("neuron-unhealthy", spec.faults.neuron_unhealthy),
+                          ("efa-unhealthy", spec.faults.efa_unhealthy)):
+        try:   # before any instance is launched: a NODE target binds to the node's first instance
+            node_faults.set_targets(paths, knob, targets, [n.name for n in nodes])
+        except ValueError as error:
+            raise RuntimeProvisionError(str(error)) from None
 
     munge.create_munge_key(paths)
     munge.start_munged(paths)
@@ -181,8 +189,7 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
 
     static = [n for n in nodes if not n.dynamic]
     for node in static:
-        start_slurmd(paths, node.name, mounts, fresh_boot=False, instance=runtime_aws(runtime).run_instance(
-            spec.name, "Compute", node.instance_type, node.name, node.queue, node.resource))
+        start_slurmd(paths, node.name, mounts, fresh_boot=False, instance=instances.launch(paths, runtime, node))
     if static and not wait_nodes_state(paths, [n.name for n in static], {"idle"}, NODE_READY_TIMEOUT_S):
         raise RuntimeProvisionError(f"static nodes did not become idle; see {paths.logs}/slurmd-*.log")
 
@@ -194,17 +201,29 @@ def _provision(spec: ClusterSpec, paths: ClusterPaths) -> dict:
 
     if spec.alarms:   # after the head node, as the stack's alarms depend on its wait condition
         runtime_aws(runtime).put_head_node_alarms(spec.name, head["instance_id"], with_heartbeat=spec.log_group)
+    _start_clustermgtd(paths)
     runtime["ready_at"] = utc_now_iso()
     runtime["ready_at_epoch"] = time.time()
     return runtime
 
 
-def _start_agent_if_needed(paths: ClusterPaths, spec: ClusterSpec) -> None:
-    if spec.faults.kill_node_after is None and spec.faults.ssh_outage is None:
-        return
+def _start_helper(paths: ClusterPaths, module: str) -> subprocess.Popen:
+    """A cluster daemon of the runtime's own (clustermgtd.py, agent.py), stopped by teardown."""
     from .nodes import Launched, record_daemon
-    with open(paths.logs / "agent.log", "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-I", "-m", "localcluster.runtime.agent", str(paths.root)],
+    with open(paths.logs / f"{module}.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-I", "-m", f"localcluster.runtime.{module}", str(paths.root)],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=dict(os.environ), cwd="/")
-    record_daemon(paths, "agent", Launched(pid=proc.pid, uts_ns=0, mnt_ns=0))
+    record_daemon(paths, module, Launched(pid=proc.pid, uts_ns=0, mnt_ns=0))
+    return proc
+
+
+def _start_clustermgtd(paths: ClusterPaths) -> None:
+    """Running before the cluster is complete, as supervisord starts it during the head node's bootstrap."""
+    proc = _start_helper(paths, "clustermgtd")
+    stream = clustermgtd.log_stream(paths)
+    deadline = time.monotonic() + HELPER_START_TIMEOUT_S
+    while not stream.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeProvisionError(f"clustermgtd did not start; see {paths.logs}/clustermgtd.log")
+        time.sleep(0.1)

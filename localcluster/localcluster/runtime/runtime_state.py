@@ -1,8 +1,11 @@
 """runtime.json: what provision() built, read by every other entry point."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..spec import ClusterSpec
@@ -43,3 +46,12 @@ def runtime_aws(runtime: dict):
 
 def cluster_paths(cluster_dir: Path) -> ClusterPaths:
     return ClusterPaths(Path(cluster_dir).resolve())
+
+
+@contextmanager
+def fleet_lock(paths: ClusterPaths) -> Iterator[None]:
+    """Held while the compute fleet's status changes and while clustermgtd acts on nodes, so that it never
+    takes the nodes a fleet stop sets down for unhealthy ones."""
+    with open(paths.run / "fleet.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

@@ -16,8 +16,9 @@ from .runtime_state import cluster_paths, load_runtime
 from .slots import free_slot
 from .slurmcmd import slurm
 
-# Order matters: the agent and slurmctld first, so nothing restarts or resumes nodes meanwhile.
-DAEMON_ORDER = ("agent", "slurmctld", "sshd", "slurmdbd", "munged")
+# Order matters: clustermgtd, the agent and slurmctld first, so nothing replaces, restarts or resumes
+# nodes meanwhile.
+DAEMON_ORDER = ("clustermgtd", "agent", "slurmctld", "sshd", "slurmdbd", "munged")
 
 
 def _cancel_all_jobs(paths: ClusterPaths) -> None:
