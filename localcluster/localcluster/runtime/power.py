@@ -90,9 +90,11 @@ def suspend(paths: ClusterPaths, hostlist: str) -> None:
 
 
 def resume_fail(paths: ClusterPaths, hostlist: str) -> None:
-    """Nodes Slurm gave up on at ResumeTimeout: left DOWN for clustermgtd to replace."""
+    """Nodes Slurm gave up on at ResumeTimeout: left DOWN for clustermgtd to replace; recorded here with
+    the instance that failed to boot (tests count these lines)."""
     for name in expand_hostlist(paths, hostlist):
-        log(paths, f"resume-fail {name}: resume timeout, instance {read_node_state(paths, name).instance_id}")
+        instance_id = read_node_state(paths, name).instance_id
+        log(paths, f"Node bootstrap error: Resume timeout expires for node {name} ({instance_id})")
 
 
 def main(argv: list[str]) -> int:
