@@ -92,9 +92,6 @@ class ClusterSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def compute_node_names(self) -> list[str]:
-        return [name for _, _, name, _ in node_plan(self.queues)]
-
     @staticmethod
     def from_dict(d: dict) -> "ClusterSpec":
         queues = tuple(

@@ -83,13 +83,14 @@ def shell_devices(paths: ClusterPaths, knob: str, devices: dict[str, tuple[str, 
     cases = "\n".join(f"    {shlex.quote(name)}) type={shlex.quote(itype)} devices={count} ;;"
                       for name, (itype, count) in devices.items())
     state_file = shlex.quote(str(paths.nodes_state)) + '/"$node".json'   # nodes.node_state_file()
+    targets = shlex.quote(str(fault_file(paths, knob)))
     return f"""node=$(hostname)
 case "$node" in
 {cases}
     *) type=unknown devices=0 ;;
 esac
 instance=$(sed -n 's/.*"instance_id": "\\([^"]*\\)".*/\\1/p' {state_file} 2>/dev/null)
-if grep -qxF -e "$node {ALWAYS}" -e "$node ${{instance:-none}}" {shlex.quote(str(fault_file(paths, knob)))} 2>/dev/null \\
+if grep -qxF -e "$node {ALWAYS}" -e "$node ${{instance:-none}}" {targets} 2>/dev/null \\
         && [ "$devices" -gt 0 ]; then
     devices=$((devices - 1))   # local-ultracluster fault {knob}
 fi"""
