@@ -16,11 +16,13 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
+from ultracluster.operators.health_gate import describe, drain_unhealthy, gate_job_env, gate_result
 from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID, JobSpec, SlurmJob, env_value
 from ultracluster.operators.slurm_resume import ResumeRecord, submit_resume
 from ultracluster.parsers.progress import JobLog, error_reasons
 from ultracluster.run.clock import iso, utc_now
-from ultracluster.run.jobs import FINAL, NODE_FAULT, REFUSED, SUCCEEDED, job_outcome, resume_refusal
+from ultracluster.run.health import GATE_SCRIPT, gate_instance_type
+from ultracluster.run.jobs import FINAL, NODE_FAULT, REFUSED, SUCCEEDED, UNHEALTHY, job_outcome, resume_refusal
 from ultracluster.run.names import slurm_job_name
 from ultracluster.run.plan import node_count, resume_attempts
 from ultracluster.sensors.fleet import FleetCheck, ssh_port
@@ -72,11 +74,14 @@ class SlurmJobOperator(BaseOperator):
     :param pcluster_conn_id: ParallelCluster connection of an auto-resume's fleet wait.
     :param region_name: region of that cluster (None: the connection's).
     :param resume_fleet_timeout: seconds an auto-resume waits for the fleet before the task fails.
+    :param health_gate: the instance type whose devices the node health gate expects (``run.health``;
+        None: no gate). The job first runs include/training/node_health.sh on every node; a node that
+        fails is drained with the reason, and the job is resubmitted like after a node fault.
     """
 
     template_fields: Sequence[str] = (
         "head_node", "job_dir", "num_nodes", "job_env", "extra_job_env", "launcher", "training_files_dir",
-        "job_name", "partition", "budget", "auto_resume_attempts", "region_name",
+        "job_name", "partition", "budget", "auto_resume_attempts", "region_name", "health_gate",
     )
     ui_color = "#d4e6f1"
     operator_extra_links = (SlurmJobLink(),)
@@ -109,6 +114,7 @@ class SlurmJobOperator(BaseOperator):
         pcluster_conn_id: str = "pcluster_default",
         region_name: str | None = None,
         resume_fleet_timeout: float = 3600,
+        health_gate: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -137,6 +143,7 @@ class SlurmJobOperator(BaseOperator):
         self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
         self.resume_fleet_timeout = float(resume_fleet_timeout)
+        self.health_gate = health_gate
         self._running: tuple[SlurmJob, str] | None = None  # (job, id) while a worker-side wait runs
         self._hook: SlurmHook | None = None
 
@@ -157,12 +164,14 @@ class SlurmJobOperator(BaseOperator):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
         if not isinstance(self.extra_job_env, Mapping):
             raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
+        gate = gate_instance_type(self.health_gate)
         if self.training_files_dir is not None:
-            script = posixpath.join(self.training_files_dir, self.run_script)
-            if not posixpath.isfile(script):
-                raise ValueError(f"Run script {script} not found (training_files_dir={self.training_files_dir!r})")
+            for name in (self.run_script, *([GATE_SCRIPT] if gate else [])):
+                script = posixpath.join(self.training_files_dir, name)
+                if not posixpath.isfile(script):
+                    raise ValueError(f"{script} not found (training_files_dir={self.training_files_dir!r})")
         # The contract's variables win: extra_job_env only adds knobs.
-        env = {str(k): env_value(v) for k, v in {**self.extra_job_env, **self.job_env}.items()}
+        env = {str(k): env_value(v) for k, v in {**self.extra_job_env, **self.job_env, **gate_job_env(gate)}.items()}
         env.setdefault("OUTPUT_ROOT", self.job_dir)
         ti = context["ti"]
         spec = JobSpec(
@@ -170,7 +179,7 @@ class SlurmJobOperator(BaseOperator):
             job_dir=self.job_dir, run_script=self.run_script, num_nodes=node_count(self.num_nodes), env=env,
             launcher=self.launcher, launcher_dirs=self.launcher_dirs, launcher_fallback_env=self.launcher_fallback_env,
             partition=self.partition or self.head_node.get("partition"), time_limit_minutes=self.time_limit_minutes,
-            training_files_dir=self.training_files_dir)
+            training_files_dir=self.training_files_dir, health_gate=gate)
         spec.sbatch_args("validate")  # checks names and values without running anything
         return SlurmJob(self.hook, spec, self.log)
 
@@ -238,16 +247,21 @@ class SlurmJobOperator(BaseOperator):
         store = context.get("task_state_store")
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
-        outcome, message = job_outcome(event), ""
+        gated = job.spec.health_gate is not None
+        outcome, message = job_outcome(event, health_gate=gated), ""
         if outcome not in (SUCCEEDED, FINAL):  # the log's tail says more, and holds any UC_ERROR
             message = job.failure_message(event, self.log_tail_lines)
-            outcome = job_outcome(event, error_reasons(message))
+            outcome = job_outcome(event, error_reasons(message), health_gate=gated)
         if outcome == FINAL:
             notify_budget_stop(context, event)  # mail/Slack when the budget guard cancelled the job
             raise AirflowFailException(str(event.get("message")))
         if outcome == REFUSED:  # the run script's own checks: deterministic, so no retry (nor resume)
             raise AirflowFailException(f"The job refused its input (UC_ERROR): "
                                        f"{'; '.join(error_reasons(message))}\n{message}")
+        if outcome == UNHEALTHY:  # drained first: the resubmission must not land on the same nodes
+            lost = drain_unhealthy(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log, message)
+            return self._node_fault(context, job, event, f"The node health gate failed in job {job_id}: "
+                                    f"{describe(lost)}; drained.", lost_nodes=lost)
         if outcome == NODE_FAULT:
             return self._node_fault(context, job, event, message)
         if outcome != SUCCEEDED:
@@ -263,6 +277,8 @@ class SlurmJobOperator(BaseOperator):
             "started_at": iso(getattr(context.get("ti"), "start_date", None)), "ended_at": utc_now(),
             "auto_resume": ResumeRecord(context.get("task_state_store")).summary(),
         }
+        if job.spec.health_gate:
+            result["node_health"] = gate_result(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log)
         if self.launcher:
             result["launch"] = job.launch_mode(job_id)
             result["compile_cache"] = job.compile_cache(result["results_path"])
@@ -270,16 +286,21 @@ class SlurmJobOperator(BaseOperator):
         return result
 
     # ------------------------------------------------------------------------------ auto-resume
-    def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str) -> dict[str, Any]:
-        """A job ended in a node fault: resume it once the fleet is healthy, or fail naming why not."""
+    def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str,
+                    lost_nodes: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """A job ended in a node fault, or the health gate drained nodes (``lost_nodes``: ``{node:
+        reason}``, kept in the resume record): resume it once the fleet is healthy, or fail naming why
+        not. The one place a lost node's replacement is decided."""
         attempts = resume_attempts(self.auto_resume_attempts)
         record = ResumeRecord(context.get("task_state_store"))
         refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
         if refusal:
             raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
-        record.add(event)
-        self.log.warning("Slurm job %s ended %s (a node fault): auto-resume %d of %d once the fleet is healthy",
-                         event.get("job_id"), event.get("state"), len(record.resumes), attempts)
+        record.add(event, lost_nodes)
+        self.log.warning("Slurm job %s ended %s (%s): auto-resume %d of %d once the fleet is healthy",
+                         event.get("job_id"), event.get("state"),
+                         f"unhealthy nodes drained: {', '.join(lost_nodes)}" if lost_nodes else "a node fault",
+                         len(record.resumes), attempts)
         head = self.head_node
         fleet = dict(cluster_name=head["cluster_name"], num_nodes=job.spec.num_nodes, partition=job.spec.partition,
                      ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id),
