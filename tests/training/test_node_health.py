@@ -2,7 +2,7 @@
 the line it prints (the schema's nodeHealthReport, and what run.health parses and judges), its exit
 code, and the tools' failures. The environment is as bare as a job's (no Neuron or EFA directory on
 PATH); the stand-ins are named by UC_HEALTH_NEURON_LS / UC_HEALTH_FI_INFO, as only tests do.
-tests/training/test_slurm_cluster.py runs it through the product's sbatch on a real Slurm cluster."""
+tests/integration/test_health_gate_slurm.py runs it through the product's sbatch on the local cluster."""
 from __future__ import annotations
 
 import json

@@ -114,7 +114,7 @@ def test_unhealthy_nodes_are_drained_then_the_job_resumes_after_the_fleet_wait(t
     assert drains(replay) == [["sudo", "-n", "--preserve-env=SLURM_CONF", rc.slurm_command("scontrol"), "update",
                                "NodeName=compute1-st-trn1-2", "State=DRAIN", f"Reason={REASON}"]]
     (entry,) = store.values[STATE_KEY_AUTO_RESUME]["resumes"]
-    assert entry["failed_job_id"] == "9" and entry["lost_nodes"] == {"compute1-st-trn1-2": REASON}
+    assert entry["failed_job_id"] == "9" and entry["drained"] == {"compute1-st-trn1-2": REASON}
     log = capsys.readouterr().out  # the task log
     assert "Node health gate (trn1.32xlarge): 2 node(s), 1 unhealthy" in log
     assert "  compute1-st-trn1-1: healthy [efa=8, neuron=16]" in log
@@ -205,7 +205,7 @@ def test_the_resume_after_a_drain_runs_the_gate_again(training_dir):
     words = shlex.split(sbatch.shell)
     assert "node_health.sh" in words[words.index("--wrap") + 1]
     auto = json.loads(dict(w.split("=", 1) for w in words[1:words.index(rc.slurm_command("sbatch"))])["AUTO_RESUME"])
-    assert auto["history"][0]["lost_nodes"] == {"compute1-st-trn1-2": REASON}
+    assert auto["history"][0]["drained"] == {"compute1-st-trn1-2": REASON}
 
 
 # ------------------------------------------------------------------------------- a passed gate

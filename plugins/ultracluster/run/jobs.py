@@ -55,7 +55,7 @@ def resume_summary(record: Mapping[str, Any]) -> dict[str, Any]:
     history = [
         {**{key: entry.get(key) for key in ("failed_job_id", "state", "last_step", "from_step", "steps_lost", "job_id")},
          # The nodes the health gate drained before this resume ({node: reason}).
-         **({"lost_nodes": entry["lost_nodes"]} if entry.get("lost_nodes") else {})}
+         **({"drained": entry["drained"]} if entry.get("drained") else {})}
         for entry in record.get("resumes", [])
     ]
     return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history}
