@@ -193,6 +193,7 @@ with DAG(
         ssh_conn_id=SSH_CONN_ID,
         poke_interval=PROFILE["fleet_poke_interval_s"],
         timeout=PROFILE["fleet_timeout_s"],
+        node_replacements="{{ params.node_replacements }}",
     )
 
     download_data = DownloadDatasetOperator(
@@ -272,6 +273,7 @@ with DAG(
         job_name="{{ dag.dag_id }}-train",
         # After a node fault: wait for the fleet, resubmit from the newest checkpoint (docs/operations.md).
         auto_resume_attempts="{{ params.auto_resume_attempts }}",
+        node_replacements="{{ params.node_replacements }}",
         # First on every node: Neuron and EFA devices as the instance type has them; a failing node is
         # drained and the job resubmitted like after a node fault (docs/operations.md, "Node health gate").
         health_gate="{{ params.instance_type }}",

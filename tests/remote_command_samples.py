@@ -36,7 +36,7 @@ def samples(job_dir: str, job_id: str = "1", script: str = "/bin/true",
     job = dict(job_dir=job_dir, script_path=script, num_nodes=1, job_name="uc.samples", comment="samples",
                job_env={"SAMPLE": "1"}, exclusive=False)
     return {
-        "sinfo": [rc.sinfo(), rc.sinfo("compute1")],
+        "sinfo": [rc.sinfo(), rc.sinfo("compute1"), rc.sinfo(nodes="compute1-dy-trn1-[1-2]")],
         "squeue_by_name": [rc.squeue_by_name("uc.samples")],
         "squeue_job": [rc.squeue_job(job_id)],
         "scontrol_show_job": [rc.scontrol_show_job(job_id)],

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": []}
+NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}}
 # The node health gate's line per node (node_health.sh; plugins/ultracluster/run/health.py parses it too).
 HEALTH_PREFIX = "UC_HEALTH "
 # Environment worth keeping in results.json to reproduce a run.

@@ -34,6 +34,7 @@ from ultracluster.run.form import (
     TRAINING_QUEUE,
     TRN1_INSTANCE_TYPES,
 )
+from ultracluster.run.lost_nodes import DEFAULT_NODE_REPLACEMENTS, MAX_NODE_REPLACEMENTS
 from ultracluster.run.s3 import S3_URI_PATTERN
 from ultracluster.run.sweep import SWEEP_SCHEMA
 
@@ -105,6 +106,11 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "already holds the pinned Neuron release, so nodes skip the install at boot. It must match "
             "'Node OS'. Empty: ParallelCluster's own image, Neuron installed on every boot.",
             type=["null", "string"], pattern=AMI_ID_PATTERN),
+        "node_replacements": _param(
+            DEFAULT_NODE_REPLACEMENTS, "Node replacements", CLUSTER,
+            "Times a node may be lost (bootstrap timeout, failed power-up, failed health gate) and "
+            "replaced by ParallelCluster; one more loss fails the run, naming the node. 0 = fail at once.",
+            type="integer", minimum=0, maximum=MAX_NODE_REPLACEMENTS),
         "log_retention_days": _param(
             p["log_retention_days"], "Log retention (days)", CLUSTER,
             "How long CloudWatch Logs keeps the cluster's logs (Monitoring.Logs.CloudWatch."

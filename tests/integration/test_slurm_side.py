@@ -269,8 +269,8 @@ def test_slurm_side_end_to_end(cluster, tmp_path):
 
 
 def make_cluster(uc_env, make_cluster_config, pcluster, monkeypatch, uc_home, name: str, tags: dict[str, str],
-                 static: int = 2, dynamic: int = 0):
-    config = make_cluster_config(static=static, dynamic=dynamic,
+                 static: int = 2, dynamic: int = 0, mutate=None):
+    config = make_cluster_config(static=static, dynamic=dynamic, mutate=mutate,
                                  tags={"local-ultracluster:provisioning-delay": "1", **tags})
     code, created = pcluster("create-cluster", "-n", name, "-c", str(config))
     assert code == 0, created

@@ -167,6 +167,7 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
     from ultracluster import remote_commands
     from ultracluster.parsers.slurm import parse_sinfo
     from ultracluster.run.fleet import judge_capacity, partition_capacity
+    from ultracluster.run.lost_nodes import LostNodes
     from ultracluster.run.states import FAILED
 
     cluster = uc_home.provision(spec_dict("ft-fleet", min_count=0, max_count=2,
@@ -176,8 +177,11 @@ def test_wait_for_fleet_sees_a_failed_power_up_with_slurms_reason(uc_home: UcHom
     wait_for(lambda: all(cluster.node_states()[n].startswith("down") for n in nodes), 60, "both nodes to go down")
     command = remote_commands.sinfo()   # as wait_for_fleet runs it: over SSH, in a non-login shell
     out = run_over_ssh(ssh_hook(cluster, monkeypatch), command.shell)
-    verdict, code, reason = judge_capacity(partition_capacity(parse_sinfo(out), None, 2))
-    assert (verdict, code) == (FAILED, "power_up_failed") and reason.startswith("Nodes failed to power up: "), reason
+    capacity = partition_capacity(parse_sinfo(out), None, 2)
+    # Within node_replacements, the wait waits for ParallelCluster's retry; past it (0 here) it fails.
+    assert judge_capacity(capacity, LostNodes(limit=1)).reason == "nodes_replacing"
+    verdict, code, reason = judge_capacity(capacity, LostNodes(limit=0))
+    assert (verdict, code) == (FAILED, "node_lost") and reason.startswith("Nodes lost past node_replacements=0: "), reason
     assert all(f"{n} (down" in reason for n in nodes) and ICE_REASON in reason, reason
     if os.environ.get("UC_CAPTURE_DIR"):   # how tests/fixtures/slurm/sinfo_power_up_failed.* were made
         capture = Path(os.environ["UC_CAPTURE_DIR"])

@@ -11,8 +11,8 @@ import shlex
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 
-from tests.unit.test_slurm_job import (OK, TRAIN_NAME, DictStore, ReplayHeadNode, context, operator, recorded,
-                                       squeue_line, training_dir)  # noqa: F401 (training_dir is a fixture)
+from tests.unit.test_slurm_job import (OK, TRAIN_NAME, DictStore, ReplayHeadNode, context, operator, program,
+                                       recorded, squeue_line, training_dir)  # noqa: F401 (training_dir is a fixture)
 from ultracluster import remote_commands as rc
 from ultracluster.run.events import event
 from ultracluster.hooks.head_node import CommandResult
@@ -22,6 +22,7 @@ from ultracluster.run.plan import resume_attempts
 from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 from ultracluster.run.contracts import newest_checkpoint
 from ultracluster.run.states import is_node_fault
+from ultracluster.sensors.fleet import STATE_KEY_LOST_NODES
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 from ultracluster.triggers.slurm import SlurmJobTrigger
 
@@ -78,8 +79,54 @@ def test_node_fault_defers_to_the_fleet_trigger_with_the_pinned_key(training_dir
     assert (trigger.cluster_name, trigger.num_nodes, trigger.partition) == ("c1", 2, "compute1")
     assert trigger.keep_host_key and trigger.host_key == op.head_node["host_key"] and trigger.ssh_port == 2222
     assert trigger.region_name == "us-east-1" and trigger.stuck_after_s == op.resume_fleet_timeout
-    assert store.values[STATE_KEY_AUTO_RESUME] == {"target_step": 40, "resumes": [
+    assert store.values[STATE_KEY_AUTO_RESUME] == {"target_step": 40, "nodes_lost": {}, "resumes": [
         {"failed_job_id": "8", "state": "NODE_FAIL", "reason": "NodeDown", "last_step": 13, "job_id": None}]}
+
+
+LOST = event("job_failed", job_id="8", state="NODE_FAIL", exit_code=0, signal=0, job_reason="NodeDown",
+             nodes="compute1-dy-trn1-[1-2]", last_progress={"step": 13, "total": 40})
+SINFO_ONE_DOWN = CommandResult(0, "compute1*|up|1|down*|compute1-dy-trn1-1|Not responding\n"
+                                  "compute1*|up|1|mixed|compute1-dy-trn1-2|none\n", "")
+
+
+def test_a_node_fault_counts_the_jobs_lost_nodes_and_the_fleet_wait_goes_on_counting(training_dir):
+    store = DictStore()
+    replay = ReplayHeadNode(tail=[OK], sinfo=[SINFO_ONE_DOWN])
+    op = operator(replay, training_dir, auto_resume_attempts="2")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute_complete(context(store), LOST)
+    sinfo = [c.shell for c in replay.calls if program(c) == "sinfo"]
+    assert sinfo == [rc.sinfo(nodes="compute1-dy-trn1-[1-2]").shell]
+    trigger = deferred.value.trigger
+    assert trigger.node_replacements == 1
+    assert trigger.lost_nodes["counts"] == {"compute1-dy-trn1-1": 1}
+    assert trigger.lost_nodes["reasons"] == {"compute1-dy-trn1-1": "down*: Not responding"}
+    assert store.values[STATE_KEY_LOST_NODES] == trigger.lost_nodes
+    assert store.values[STATE_KEY_AUTO_RESUME]["nodes_lost"] == {"compute1-dy-trn1-1": 1}
+    # The same job's end seen again (a retry of the task) counts nothing more.
+    with pytest.raises(TaskDeferred):
+        op.execute_complete(context(store), LOST)
+    assert store.values[STATE_KEY_LOST_NODES]["counts"] == {"compute1-dy-trn1-1": 1}
+
+
+def test_a_node_lost_past_node_replacements_fails_the_task_naming_it(training_dir):
+    store = DictStore()
+    op = operator(ReplayHeadNode(tail=[OK], sinfo=[SINFO_ONE_DOWN]), training_dir, auto_resume_attempts="2",
+                  node_replacements=0)
+    with pytest.raises(AirflowFailException, match=r"Nodes lost past node_replacements=0: compute1-dy-trn1-1 "
+                                                   r"\(down\*: Not responding\) lost 1 time\(s\)"):
+        op.execute_complete(context(store), LOST)
+    # The resume's fleet wait reports a node lost past the limit: deterministic, no retry.
+    op = operator(ReplayHeadNode(), training_dir, auto_resume_attempts="2")
+    ledger = {"counts": {"compute1-dy-trn1-1": 2}, "reasons": {"compute1-dy-trn1-1": "down~: ResumeTimeout reached"},
+              "failing": ["compute1-dy-trn1-1"], "jobs": ["8"]}
+    with pytest.raises(AirflowFailException, match="lost 2 time"):
+        op.resume_after_fleet(context(store), event("node_lost", "Nodes lost past node_replacements=1: "
+                                                    "compute1-dy-trn1-1 (down~: ResumeTimeout reached) lost 2 time(s)",
+                                                    lost_nodes=ledger))
+    assert store.values[STATE_KEY_LOST_NODES] == ledger
+    with pytest.raises(ValueError, match="node_replacements"):
+        operator(ReplayHeadNode(), training_dir, node_replacements="9").job(context(DictStore()))
 
 
 @pytest.mark.parametrize("event, tail, error", [
@@ -232,7 +279,8 @@ def test_success_reports_the_resumes(training_dir):
     result = op.execute_complete(context(DictStore(**{STATE_KEY_AUTO_RESUME: record})),
                                  event("complete", job_id="9", state="COMPLETED", exit_code=0))
     assert result["auto_resume"] == {"resumes": 1, "steps_lost": 3, "history": [
-        {"failed_job_id": "8", "state": "NODE_FAIL", "last_step": 13, "from_step": 10, "steps_lost": 3, "job_id": "9"}]}
+        {"failed_job_id": "8", "state": "NODE_FAIL", "last_step": 13, "from_step": 10, "steps_lost": 3, "job_id": "9"}],
+        "nodes_lost": {}}
 
 
 def test_validate_needs_the_cluster_name_when_auto_resume_is_on(training_dir):

@@ -22,6 +22,7 @@ from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity
 from ultracluster.run.events import event
 from ultracluster.run.fleet import judge_cluster
+from ultracluster.run.lost_nodes import LostNodes
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor, FleetCheck
 from ultracluster.triggers.fleet import ComputeFleetTrigger
@@ -203,9 +204,18 @@ def test_waits_while_nodes_are_busy(head_nodes):
 
 
 def test_fails_fast_when_needed_nodes_are_down_or_drained(head_nodes):
-    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"), num_nodes=2)
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"), num_nodes=2,
+                                  lost=LostNodes(limit=0))
     assert verdict == FAILED
     assert "Kernel panic on boot" in reason and "Not responding" in reason and "ResumeTimeout reached" in reason
+    # With a replacement left, the node past ResumeTimeout is waited for: it and the idle~ one make 2.
+    verdict, reason, _, fleet_check = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"),
+                                            num_nodes=2)
+    assert verdict == PENDING and "replace lost node(s) (losses/allowed: compute1-dy-trn1-1 1/2)" in reason, reason
+    assert fleet_check.lost.reasons == {"compute1-dy-trn1-1": "down~: ResumeTimeout reached"}
+    # Three nodes cannot be had even once it is replaced: the drained and the unresponsive one stay out.
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_down_drained"), described("create_complete"), num_nodes=3)
+    assert verdict == FAILED and reason.startswith("Not enough usable nodes"), reason
 
 
 def test_named_queue_and_unknown_queue(head_nodes):
@@ -392,10 +402,12 @@ def test_sensor_rejects_bad_num_nodes(num_nodes):
 
 def test_fails_early_when_nodes_fail_to_power_up(head_nodes):
     # Real Slurm on the local UltraCluster with insufficient capacity: both dynamic nodes down# with pcluster's reason.
-    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_power_up_failed"), described("create_complete"))
+    verdict, reason, _, _ = check(head_nodes, sinfo("sinfo_power_up_failed"), described("create_complete"),
+                                  lost=LostNodes(limit=0))
     assert verdict == FAILED
-    assert reason.startswith("Nodes failed to power up: compute1-dy-trn1-1 (down#: (Code:InsufficientInstanceCapacity)"
-                             "Failure when resuming nodes); compute1-dy-trn1-2 (down#: "), reason
+    assert reason.startswith("Nodes lost past node_replacements=0: compute1-dy-trn1-1 (down#: (Code:Insufficient"
+                             "InstanceCapacity)Failure when resuming nodes) lost 1 time(s); compute1-dy-trn1-2 (down#: "
+                             ), reason
 
 
 def test_a_node_powering_down_after_a_failed_resume_is_not_available(head_nodes):
@@ -404,8 +416,11 @@ def test_a_node_powering_down_after_a_failed_resume_is_not_available(head_nodes)
     lines = [captured[0].replace("|down#|", "|idle%|").replace("(Code:InsufficientInstanceCapacity)", ""),
              "compute1*|up|1|idle~|compute1-dy-trn1-2|none"]
     out = CommandResult(0, "\n".join(lines) + "\n", "")
-    verdict, reason, _, _ = check(head_nodes, out, described("create_complete"), num_nodes=2)
+    verdict, reason, _, _ = check(head_nodes, out, described("create_complete"), num_nodes=2, lost=LostNodes(limit=0))
     assert verdict == FAILED and "compute1-dy-trn1-1 (idle%: Failure when resuming nodes)" in reason, reason
+    # Powered down (idle~), the reason lingering: replaced, a node to use again.
+    out = CommandResult(0, out.stdout.replace("|idle%|", "|idle~|"), "")
+    assert check(head_nodes, out, described("create_complete"), num_nodes=2)[0] == READY
     assert check(head_nodes, out, described("create_complete"), num_nodes=1)[0] == READY
 
 

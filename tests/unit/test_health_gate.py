@@ -237,3 +237,24 @@ def test_unreadable_report_lines_are_logged():
     health_gate.log_gate(log, "trn1.32xlarge", [], ["UC_HEALTH {broken"])
     assert log.lines == [("info", "Node health gate (trn1.32xlarge): no node reported"),
                          ("warning", "Node health gate: unreadable report line: UC_HEALTH {broken")]
+
+
+# ------------------------------------------------------------------------------- the lost-node rule
+def test_drained_nodes_are_lost_nodes_counted_against_node_replacements(training_dir):
+    from ultracluster.sensors.fleet import STATE_KEY_LOST_NODES
+
+    store = DictStore()
+    op = gated(ReplayHeadNode(tail=[OK], read=[REPORT], sudo=[OK]), training_dir, auto_resume_attempts=3,
+               node_replacements=1)
+    with pytest.raises(TaskDeferred):
+        op.execute_complete(context(store), GATE_FAILED)
+    ledger = store.values[STATE_KEY_LOST_NODES]
+    assert ledger["counts"] == {"compute1-st-trn1-2": 1} and ledger["reasons"] == {"compute1-st-trn1-2": REASON}
+    # Its replacement fails the gate too (the fleet wait saw it healthy in between): one loss too many.
+    ledger["failing"] = []
+    op = gated(ReplayHeadNode(tail=[OK], read=[REPORT], sudo=[OK]), training_dir, auto_resume_attempts=3,
+               node_replacements=1)
+    with pytest.raises(AirflowFailException, match=r"Nodes lost past node_replacements=1: compute1-st-trn1-2 "
+                       r"\(UC health check failed: neuron \(found 15 of 16 devices\)\) lost 2 time\(s\)") as raised:
+        op.execute_complete(context(store), {**GATE_FAILED, "job_id": "11"})
+    assert not isinstance(raised.value, TaskDeferred)

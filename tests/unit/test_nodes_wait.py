@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import threading
 import time
@@ -205,13 +206,34 @@ def test_nodes_becoming_idle_wake_the_trigger_through_the_head_node_wait(head, f
     assert fleet.pcluster.calls == 1
 
 
-def test_a_node_failing_to_power_up_is_judged_by_the_fail_fast_rules(head, fleet):
+def test_a_node_failing_to_power_up_is_judged_by_the_lost_node_rule(head, fleet):
     thread = when(lambda: sinfo_runs(head) >= 2, lambda: head.state.write_text(captured("sinfo_power_up_failed")))
-    event = fleet.run(num_nodes=3, wait_window_s=600)  # waits: 2 idle~ and 2 busy nodes for 3
+    event = fleet.run(num_nodes=3, wait_window_s=600, node_replacements=0)  # waits: 2 idle~, 2 busy
     thread.join()
-    assert (event["status"], event["reason"]) == ("failed", "power_up_failed"), event
-    assert event["message"].startswith("Nodes failed to power up: compute1-dy-trn1-1 (down#: (Code:Insufficient")
+    assert (event["status"], event["reason"]) == ("failed", "node_lost"), event
+    assert event["message"].startswith("Nodes lost past node_replacements=0: compute1-dy-trn1-1 (down#: "
+                                       "(Code:InsufficientInstanceCapacity)Failure when resuming nodes) lost 1 time(s)")
+    assert event["lost_nodes"]["counts"] == {"compute1-dy-trn1-1": 1, "compute1-dy-trn1-2": 1}
     assert len(fleet.conns) == 1 and len(fleet.conns[0].processes) == 1
+
+
+def test_lost_nodes_within_their_replacements_are_waited_for_and_counted(head, fleet):
+    # Both nodes failed to power up; ParallelCluster replaces them (idle again): the wait goes on.
+    head.state.write_text(captured("sinfo_power_up_failed"))
+    # Replaced atomically: sinfo runs about once a second and must never read a half-written state.
+    replaced = head.state.with_suffix(".next")
+    replaced.write_text(captured("sinfo_idle"))
+    thread = when(lambda: sinfo_runs(head) >= 2, lambda: os.replace(replaced, head.state))
+    event = fleet.run(num_nodes=2, wait_window_s=600)
+    thread.join()
+    assert event["status"] == "success", event
+    assert event["lost_nodes"]["counts"] == {"compute1-dy-trn1-1": 1, "compute1-dy-trn1-2": 1}
+    assert event["lost_nodes"]["failing"] == []  # seen healthy again: a next failure is a new loss
+    # A task's earlier losses count: one more loss of the same node is past the one replacement.
+    head.state.write_text(captured("sinfo_power_up_failed"))
+    event = fleet.run(num_nodes=2, wait_window_s=600, lost_nodes=event["lost_nodes"])
+    assert event["reason"] == "node_lost" and "compute1-dy-trn1-1 (down#: " in event["message"], event
+    assert "lost 2 time(s)" in event["message"]
 
 
 def test_each_window_rechecks_describe_cluster_on_the_same_connection(head, fleet):

@@ -452,7 +452,7 @@ def test_success_result_shape(training_dir):
     assert result == {
         "job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": "/fsx/jobs/run1/train/output_7",
         "log_path": "/fsx/jobs/run1/train/slurm-7.out", "results_path": "/fsx/jobs/run1/train/output_7/results.json",
-        "auto_resume": {"resumes": 0, "steps_lost": 0, "history": []},
+        "auto_resume": {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}},
     }
     assert {k: ctx["ti"].xcom[SlurmJobLink.key][k] for k in ("job_id", "state", "log_path", "output_dir")} == {
         k: result[k] for k in ("job_id", "state", "log_path", "output_dir")}

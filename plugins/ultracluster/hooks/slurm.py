@@ -44,6 +44,7 @@ class JobStatus:
     reason: str | None
     source: str  # "scontrol", "sacct" or "exit_marker"
     name: str | None = None  # the job name, when the source reports it
+    nodes: str | None = None  # the job's NodeList (a Slurm hostlist), when the source reports it
 
     @property
     def terminal(self) -> bool:
@@ -61,6 +62,7 @@ class JobStatus:
             "signal": self.signal,
             "job_reason": self.reason,
             "source": self.source,
+            "nodes": self.nodes,
         }
 
 
@@ -78,7 +80,8 @@ def status_from_scontrol(job_id: str, result: CommandResult) -> JobStatus | None
             return None
         raise SlurmCommandError(f"scontrol show job {job_id} failed: {result.stderr.strip()[:2000]}")
     info = parse.parse_scontrol_show_job(result.stdout)
-    return JobStatus(info.job_id, info.state, info.exit_code, info.signal, info.reason, "scontrol", info.name)
+    return JobStatus(info.job_id, info.state, info.exit_code, info.signal, info.reason, "scontrol", info.name,
+                     info.nodes)
 
 
 def status_from_sacct(job_id: str, result: CommandResult, job_name: str | None = None) -> JobStatus | None:
@@ -88,8 +91,8 @@ def status_from_sacct(job_id: str, result: CommandResult, job_name: str | None =
     parsed = parse.parse_sacct(result.stdout, job_id)
     if parsed is None:
         return None
-    state, exit_code, signal = parsed
-    return JobStatus(job_id, state, exit_code, signal, None, "sacct", job_name)
+    state, exit_code, signal, nodes = parsed
+    return JobStatus(job_id, state, exit_code, signal, None, "sacct", job_name, nodes)
 
 
 def status_from_exit_marker(job_id: str, result: CommandResult) -> JobStatus:
@@ -190,6 +193,10 @@ class SlurmHook(BaseHook):
         if not result.ok and parse.is_unknown_job_error(result.stderr):
             return []
         return [job for job in parse.parse_squeue(_checked(command, result).stdout) if job.job_id == str(job_id)]
+
+    def sinfo(self, partition: str | None = None, nodes: str | None = None) -> list[parse.NodeStatus]:
+        command = remote_commands.sinfo(partition, nodes)
+        return parse.parse_sinfo(_checked(command, self._run(command)).stdout)
 
     def sbatch(self, **sbatch_args: Any) -> str:
         """Submit (arguments as ``remote_commands.sbatch``); returns the job id."""

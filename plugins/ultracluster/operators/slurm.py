@@ -17,15 +17,38 @@ from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
 from ultracluster.operators.health_gate import describe, drain_unhealthy, gate_job_env, gate_result
-from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID, JobSpec, SlurmJob, env_value
+from ultracluster.operators.slurm_job import (
+    STATE_KEY_JOB_ID,
+    JobSpec,
+    SlurmJob,
+    env_value,
+)
 from ultracluster.operators.slurm_resume import ResumeRecord, submit_resume
 from ultracluster.parsers.progress import JobLog, error_reasons
 from ultracluster.run.clock import iso, utc_now
 from ultracluster.run.health import GATE_SCRIPT, gate_instance_type
-from ultracluster.run.jobs import FINAL, NODE_FAULT, REFUSED, SUCCEEDED, UNHEALTHY, job_outcome, resume_refusal
+from ultracluster.run.jobs import (
+    FINAL,
+    NODE_FAULT,
+    REFUSED,
+    SUCCEEDED,
+    UNHEALTHY,
+    job_outcome,
+    resume_refusal,
+)
+from ultracluster.run.lost_nodes import (
+    DEFAULT_NODE_REPLACEMENTS,
+    LostNodes,
+    replacements,
+)
 from ultracluster.run.names import slurm_job_name
 from ultracluster.run.plan import node_count, resume_attempts
-from ultracluster.sensors.fleet import FleetCheck, ssh_port
+from ultracluster.sensors.fleet import (
+    STATE_KEY_LOST_NODES,
+    FleetCheck,
+    failure,
+    ssh_port,
+)
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 from ultracluster.triggers.slurm import SlurmJobTrigger
 
@@ -74,6 +97,9 @@ class SlurmJobOperator(BaseOperator):
     :param pcluster_conn_id: ParallelCluster connection of an auto-resume's fleet wait.
     :param region_name: region of that cluster (None: the connection's).
     :param resume_fleet_timeout: seconds an auto-resume waits for the fleet before the task fails.
+    :param node_replacements: how often a node this task's jobs lose (down after a node fault) may
+        be replaced before the task fails naming it (``run.lost_nodes``); the resume's fleet wait
+        applies the same rule to nodes that fail to come back.
     :param health_gate: the instance type whose devices the node health gate expects (``run.health``;
         None: no gate). The job first runs include/training/node_health.sh on every node; a node that
         fails is drained with the reason, and the job is resubmitted like after a node fault.
@@ -81,7 +107,8 @@ class SlurmJobOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "head_node", "job_dir", "num_nodes", "job_env", "extra_job_env", "launcher", "training_files_dir",
-        "job_name", "partition", "budget", "auto_resume_attempts", "region_name", "health_gate",
+        "job_name", "partition", "budget", "auto_resume_attempts", "region_name", "node_replacements",
+        "health_gate",
     )
     ui_color = "#d4e6f1"
     operator_extra_links = (SlurmJobLink(),)
@@ -114,6 +141,7 @@ class SlurmJobOperator(BaseOperator):
         pcluster_conn_id: str = "pcluster_default",
         region_name: str | None = None,
         resume_fleet_timeout: float = 3600,
+        node_replacements: int | str = DEFAULT_NODE_REPLACEMENTS,
         health_gate: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -143,6 +171,7 @@ class SlurmJobOperator(BaseOperator):
         self.pcluster_conn_id = pcluster_conn_id
         self.region_name = region_name
         self.resume_fleet_timeout = float(resume_fleet_timeout)
+        self.node_replacements = node_replacements
         self.health_gate = health_gate
         self._running: tuple[SlurmJob, str] | None = None  # (job, id) while a worker-side wait runs
         self._hook: SlurmHook | None = None
@@ -162,6 +191,7 @@ class SlurmJobOperator(BaseOperator):
             raise ValueError("auto_resume_attempts needs head_node['cluster_name'] (wait_for_fleet's XCom)")
         if not posixpath.isabs(self.job_dir):
             raise ValueError(f"job_dir must be an absolute path on shared storage, got {self.job_dir!r}")
+        replacements(self.node_replacements)
         if not isinstance(self.extra_job_env, Mapping):
             raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
         gate = gate_instance_type(self.health_gate)
@@ -259,9 +289,9 @@ class SlurmJobOperator(BaseOperator):
             raise AirflowFailException(f"The job refused its input (UC_ERROR): "
                                        f"{'; '.join(error_reasons(message))}\n{message}")
         if outcome == UNHEALTHY:  # drained first: the resubmission must not land on the same nodes
-            lost = drain_unhealthy(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log, message)
+            drained = drain_unhealthy(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log, message)
             return self._node_fault(context, job, event, f"The node health gate failed in job {job_id}: "
-                                    f"{describe(lost)}; drained.", lost_nodes=lost)
+                                    f"{describe(drained)}; drained.", drained=drained)
         if outcome == NODE_FAULT:
             return self._node_fault(context, job, event, message)
         if outcome != SUCCEEDED:
@@ -286,20 +316,38 @@ class SlurmJobOperator(BaseOperator):
         return result
 
     # ------------------------------------------------------------------------------ auto-resume
+    def _lost(self, context: Context, ledger: dict[str, Any] | None = None) -> LostNodes:
+        """The task's lost-node ledger: ``ledger`` (an event's) saved first when given."""
+        store = context.get("task_state_store")
+        if store is not None and ledger is not None:
+            store.set(STATE_KEY_LOST_NODES, ledger)
+        stored = ledger if store is None else store.get(STATE_KEY_LOST_NODES)
+        return LostNodes.from_dict(stored, replacements(self.node_replacements))
+
     def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str,
-                    lost_nodes: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """A job ended in a node fault, or the health gate drained nodes (``lost_nodes``: ``{node:
-        reason}``, kept in the resume record): resume it once the fleet is healthy, or fail naming why
-        not. The one place a lost node's replacement is decided."""
+                    drained: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """A job ended in a node fault, or the health gate drained nodes (``drained``: ``{node: reason}``):
+        count its lost nodes, then resume once the fleet is healthy (ParallelCluster replaces them), or
+        fail naming why not."""
+        lost = self._lost(context)
+        # The gate names the nodes it drained; after any other fault, sinfo says which nodes failed.
+        failed = dict(drained) if drained else job.failed_nodes(event)
+        if newly := lost.fault(str(event.get("job_id")), failed):
+            self.log.warning("Job %s lost node(s) %s (losses/allowed: %s)", event.get("job_id"),
+                             "; ".join(f"{n} ({lost.reasons[n]})" for n in newly), lost.describe())
+        self._lost(context, lost.to_dict())
+        if lost.past:
+            raise AirflowFailException(f"{lost.failure()}\n{message}")
         attempts = resume_attempts(self.auto_resume_attempts)
         record = ResumeRecord(context.get("task_state_store"))
+        record.data["nodes_lost"] = dict(lost.counts)
         refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
         if refusal:
             raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
-        record.add(event, lost_nodes)
+        record.add(event, drained)
         self.log.warning("Slurm job %s ended %s (%s): auto-resume %d of %d once the fleet is healthy",
                          event.get("job_id"), event.get("state"),
-                         f"unhealthy nodes drained: {', '.join(lost_nodes)}" if lost_nodes else "a node fault",
+                         f"unhealthy nodes drained: {', '.join(drained)}" if drained else "a node fault",
                          len(record.resumes), attempts)
         head = self.head_node
         fleet = dict(cluster_name=head["cluster_name"], num_nodes=job.spec.num_nodes, partition=job.spec.partition,
@@ -310,22 +358,29 @@ class SlurmJobOperator(BaseOperator):
             # The key wait_for_fleet pinned: a cluster with another one is not resumed on.
             self.defer(trigger=ComputeFleetTrigger(
                 **fleet, pcluster_conn_id=self.pcluster_conn_id, host_key=head.get("host_key"),
-                poke_interval=self.poll_interval, region_name=self.region_name or None),
+                poke_interval=self.poll_interval, region_name=self.region_name or None,
+                node_replacements=lost.limit, lost_nodes=lost.to_dict()),
                 method_name="resume_after_fleet", timeout=timedelta(seconds=self.resume_fleet_timeout))
         check = FleetCheck(**fleet, pcluster_hook=ParallelClusterHook(self.pcluster_conn_id,
                                                                       region_name=self.region_name or None),
-                           pin={"host_key": head.get("host_key")})
-        check.wait(self.resume_fleet_timeout, self.poll_interval, self.log)
-        return self.resume_after_fleet(context, {"status": "success"})
+                           pin={"host_key": head.get("host_key")}, lost=lost)
+        try:
+            check.wait(self.resume_fleet_timeout, self.poll_interval, self.log)
+        finally:
+            self._lost(context, lost.to_dict())
+        return self.resume_after_fleet(context, {"status": "success", "lost_nodes": lost.to_dict()})
 
     def resume_after_fleet(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """The fleet is healthy again: resubmit (or reattach to a resume already submitted)."""
+        lost = self._lost(context, event.get("lost_nodes"))
         if event.get("status") != "success":
-            raise AirflowException(f"Auto-resume: the fleet did not recover: {event.get('message')}")
+            raise failure(str(event.get("reason")), f"Auto-resume: the fleet did not recover: {event.get('message')}")
         job = self.job(context)
         store, run_id = context.get("task_state_store"), context["ti"].run_id
+        record = ResumeRecord(store)
+        record.data["nodes_lost"] = dict(lost.counts)
         job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id) or submit_resume(
-            job, ResumeRecord(store), run_id, resume_attempts(self.auto_resume_attempts))
+            job, record, run_id, resume_attempts(self.auto_resume_attempts))
         return self._wait(context, job, job_id)
 
     def on_kill(self) -> None:

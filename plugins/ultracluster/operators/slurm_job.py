@@ -20,7 +20,12 @@ from typing import Any
 from ultracluster import remote_commands
 from ultracluster.hooks.slurm import JobStatus, SlurmHook
 from ultracluster.parsers.progress import JobLog, parse_launch, parse_progress_line
-from ultracluster.run.contracts import RESULTS_FILE, compile_cache_figures, newest_checkpoint, output_dir
+from ultracluster.run.contracts import (
+    RESULTS_FILE,
+    compile_cache_figures,
+    newest_checkpoint,
+    output_dir,
+)
 from ultracluster.run.events import event
 from ultracluster.run.health import GATE_SCRIPT
 from ultracluster.run.states import JOB_SUCCESS_STATES, job_is_active
@@ -235,6 +240,17 @@ class SlurmJob:
                 remote_commands.list_files(posixpath.join(directory, "checkpoints"), max_depth=1)).stdout
             found.append((newest_checkpoint(listing), directory))
         return found
+
+    def failed_nodes(self, event_: Mapping[str, Any]) -> dict[str, str]:
+        """The nodes of an ended job that are down, drained or failing, or already powered down with a
+        failure reason (ParallelCluster replaced them fast): node -> "state: reason"."""
+        if not event_.get("nodes"):
+            self.log.warning("Slurm reported no node list for job %s: its lost nodes are not counted",
+                             event_.get("job_id"))
+            return {}
+        return {node.name: f"{node.state}: {node.reason or 'no reason given'}"
+                for node in self.hook.sinfo(nodes=str(event_["nodes"]))
+                if node.is_unusable or node.failure_reported}
 
     def last_logged(self, job_id: str):
         """The last ``UC_PROGRESS`` line near the end of a job's log (``parsers.progress.Progress``)."""

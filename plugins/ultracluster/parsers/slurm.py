@@ -82,8 +82,15 @@ class NodeStatus:
         return self.base == "idle" and self.flags == "~"
 
     @property
-    def power_up_failed(self) -> bool:
+    def failure_reported(self) -> bool:
+        """The node's reason is a launch or bootstrap failure (it may linger once the node is replaced)."""
         return bool(self.reason and _POWER_UP_FAILURE.search(self.reason))
+
+    @property
+    def power_up_failed(self) -> bool:
+        """A launch or bootstrap failure still on the node: down, drained or powering down. Back at
+        ``idle~`` it is replaced (a new instance at the next power-up), whatever reason lingers."""
+        return self.failure_reported and (self.is_unusable or "%" in self.flags or "!" in self.flags)
 
     @property
     def is_unusable(self) -> bool:
@@ -245,13 +252,15 @@ def is_accounting_disabled(output: str) -> bool:
     return "accounting storage is disabled" in output.lower()
 
 
-def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None] | None:
-    """(state, exit code, signal) of the allocation line of ``sacct -n -P -X -o JobID,JobName,State,ExitCode``."""
+def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None, str | None] | None:
+    """(state, exit code, signal, node list) of the allocation line of
+    ``sacct -n -P -X -o JobID,JobName,State,ExitCode,NodeList``."""
     for line in stdout.splitlines():
         parts = line.split("|")
         if len(parts) >= 4 and parts[0] == str(job_id):
             status, signal = _exit_code(parts[3])
-            return base_state(parts[2]), status, signal
+            nodes = _null(parts[4]) if len(parts) > 4 else None
+            return base_state(parts[2]), status, signal, None if nodes == "None assigned" else nodes
     return None
 
 

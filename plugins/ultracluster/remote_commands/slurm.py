@@ -33,11 +33,14 @@ def slurm_command(name: str) -> str:
     return posixpath.join(SLURM_BIN, name)
 
 
-def sinfo(partition: str | None = None) -> RemoteCommand:
-    """One line per node and partition: partition|avail|count|state|node|reason."""
+def sinfo(partition: str | None = None, nodes: str | None = None) -> RemoteCommand:
+    """One line per node and partition: partition|avail|count|state|node|reason; ``nodes``: only
+    those (a Slurm hostlist, e.g. a job's NodeList)."""
     argv = [slurm_command("sinfo"), "--noheader", "--Node", "--format", SINFO_FORMAT]
     if partition:
         argv += ["--partition", partition]
+    if nodes:
+        argv += ["--nodes", nodes]
     return from_argv(*argv)
 
 
@@ -69,7 +72,7 @@ def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
     argv = [slurm_command("sacct"), "--noheader", "--parsable2", "--allocations", "--jobs", check_job_id(job_id)]
     if job_name:
         argv += ["--name", job_name]
-    return from_argv(*argv, "--format", "JobID,JobName,State,ExitCode")
+    return from_argv(*argv, "--format", "JobID,JobName,State,ExitCode,NodeList")
 
 
 def scancel(job_id: str | int) -> RemoteCommand:

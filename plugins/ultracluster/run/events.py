@@ -23,7 +23,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "cluster_gone": (FAILED, "the cluster is being deleted or does not exist"),
     "fleet_protected": (FAILED, "ParallelCluster protected the fleet after repeated bootstrap failures"),
     "fleet_stopped": (FAILED, "the compute fleet is stopped or stopping"),
-    "power_up_failed": (FAILED, "nodes failed to power up and the rest cannot run the job"),
+    "node_lost": (FAILED, "a node was lost (bootstrap, power-up, health gate) more often than node_replacements allows "
+                          "(no retry)"),
     "not_enough_nodes": (FAILED, "too few usable nodes even once busy ones free up"),
     "nodes_stuck": (FAILED, "nodes stayed down or not responding past the limit"),
     "partition_not_found": (FAILED, "Slurm has no such partition"),
@@ -37,7 +38,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "trigger_error": (ERROR, "the trigger hit an unexpected error"),
 }
 # No retry helps: the same inputs meet the same end (a retry would only spend more).
-DETERMINISTIC = frozenset({"budget_exceeded", "host_key_mismatch", "partition_not_found"})
+DETERMINISTIC = frozenset({"budget_exceeded", "host_key_mismatch", "node_lost", "partition_not_found"})
 
 
 class EventError(ValueError):

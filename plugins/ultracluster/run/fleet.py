@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ultracluster.run.lost_nodes import LostNodes
 from ultracluster.run.states import (
     FAILED,
     FLEET_PROTECTED,
@@ -125,17 +126,24 @@ def partition_capacity(nodes: Iterable[Any], partition: str | None, wanted: int)
     return capacity
 
 
-def judge_capacity(capacity: PartitionCapacity) -> Judgement:
-    """Nodes whose power-up failed (insufficient capacity, a bootstrap failure, ResumeTimeout) fail the
-    wait at once when the others cannot run the job: ParallelCluster retries them only after its
-    insufficient-capacity timeout or a replacement, so waiting would mostly run into the timeout."""
+def judge_capacity(capacity: PartitionCapacity, lost: LostNodes | None = None) -> Judgement:
+    """Nodes whose power-up failed (a bootstrap timeout, insufficient capacity, a failed health
+    check) are lost (``run.lost_nodes``): while each is within its replacements the wait waits for
+    ParallelCluster to replace it; past them it fails at once, naming the node, unless the others can
+    run the job. ``lost``: the task's ledger, updated in place (None: no replacements)."""
+    lost = LostNodes(limit=0) if lost is None else lost
+    lost.observe(capacity.failed, [*capacity.idle, *capacity.powered_down, *capacity.busy])
     if capacity.ready:
         return Judgement(READY, "ready", capacity.describe())
-    if capacity.failed:
-        failed = "; ".join(f"{node} ({why})" for node, why in sorted(capacity.failed.items()))
-        return Judgement(FAILED, "power_up_failed", f"Nodes failed to power up: {failed}. {capacity.describe()}")
-    if capacity.impossible:
+    if capacity.failed and lost.past:
+        return Judgement(FAILED, "node_lost", f"{lost.failure()}. {capacity.describe()}")
+    replacing = lost.replacing(capacity.failed)
+    if not capacity.partition_up or capacity.available + len(capacity.busy) + len(replacing) < capacity.wanted:
         return Judgement(FAILED, "not_enough_nodes", "Not enough usable nodes: " + capacity.describe())
+    if replacing:
+        return Judgement(PENDING, "nodes_replacing", (
+            f"waiting for ParallelCluster to replace lost node(s) (losses/allowed: {lost.describe()}): "
+            + capacity.describe()))
     return Judgement(PENDING, "nodes_pending", capacity.describe())
 
 
@@ -151,13 +159,15 @@ def stuck_nodes(capacity: PartitionCapacity, since: dict[str, float], now: float
 
 
 def judge_nodes(nodes: Iterable[Any], partition: str | None, wanted: int, *, since: dict[str, float],
-                now: float, stuck_after_s: float) -> tuple[Judgement, PartitionCapacity | None]:
-    """The Slurm gate on one sinfo: capacity, then the stuck-node rule (``since`` carries its clock)."""
+                now: float, stuck_after_s: float, lost: LostNodes | None = None,
+                ) -> tuple[Judgement, PartitionCapacity | None]:
+    """The Slurm gate on one sinfo: capacity and the lost-node rule (``lost``: the ledger, updated in
+    place), then the stuck-node rule (``since`` carries its clock)."""
     try:
         capacity = partition_capacity(nodes, partition, wanted)
     except PartitionNotFound as err:
         return Judgement(FAILED, "partition_not_found", str(err)), None
-    judgement = judge_capacity(capacity)
+    judgement = judge_capacity(capacity, lost)
     stuck = stuck_nodes(capacity, since, now, stuck_after_s)
     if judgement.verdict == PENDING and stuck:
         return Judgement(FAILED, "nodes_stuck", (

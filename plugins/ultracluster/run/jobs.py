@@ -58,7 +58,8 @@ def resume_summary(record: Mapping[str, Any]) -> dict[str, Any]:
          **({"drained": entry["drained"]} if entry.get("drained") else {})}
         for entry in record.get("resumes", [])
     ]
-    return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history}
+    return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history,
+            "nodes_lost": dict(record.get("nodes_lost") or {})}
 
 
 def resume_point(candidates: Sequence[tuple[int | None, str | None]], resume_ckpt_step: int | None,

@@ -19,12 +19,22 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
-from ultracluster.parsers.pcluster import ClusterNotFoundError, PclusterError, cluster_facts, cluster_identity
+from ultracluster.parsers.pcluster import (
+    ClusterNotFoundError,
+    PclusterError,
+    cluster_facts,
+    cluster_identity,
+)
 from ultracluster.parsers.slurm import parse_sinfo
 from ultracluster.remote_commands import sinfo
 from ultracluster.run.clock import utc_now
 from ultracluster.run.events import deterministic
 from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
+from ultracluster.run.lost_nodes import (
+    DEFAULT_NODE_REPLACEMENTS,
+    LostNodes,
+    replacements,
+)
 from ultracluster.run.plan import node_count
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.fleet import ComputeFleetTrigger
@@ -35,26 +45,35 @@ if TYPE_CHECKING:
 # Task state store key: the host key from first contact survives retries of this sensor, stored as
 # {"host_key", "cluster"}: the key is reused only for that same cluster (parsers.pcluster.cluster_identity).
 STATE_KEY_HOST_KEY = "head_node_host_key"
+# Task state store key: the lost-node ledger (run.lost_nodes) survives retries of this sensor.
+STATE_KEY_LOST_NODES = "lost_nodes"
 
 
 def ssh_port(ssh_conn_id: str) -> int:
     return int(BaseHook.get_connection(ssh_conn_id).port or 22)
 
 
+def failure(reason: str, message: str) -> AirflowException:
+    """The exception a failed wait raises: deterministic reasons (``run.events``) skip retries."""
+    return (AirflowFailException if deterministic({"reason": reason}) else AirflowException)(message)
+
+
 class FleetCheck:
     """The fleet wait in a worker: one round of both gates per ``check``, on the sync hooks.
 
-    Arguments as ``triggers.fleet.ComputeFleetTrigger``'s; ``pin``: ``{"host_key", "cluster"}``.
+    Arguments as ``triggers.fleet.ComputeFleetTrigger``'s; ``pin``: ``{"host_key", "cluster"}``;
+    ``lost``: the lost-node ledger (``run.lost_nodes``), updated in place.
     """
 
     def __init__(self, *, cluster_name: str, num_nodes: int, partition: str | None, pcluster_hook: ParallelClusterHook,
                  ssh_conn_id: str, ssh_port: int, pin: dict[str, Any] | None = None, keep_host_key: bool = False,
-                 stuck_after_s: float = 600) -> None:
+                 stuck_after_s: float = 600, lost: LostNodes | None = None) -> None:
         self.cluster_name, self.num_nodes, self.partition = cluster_name, int(num_nodes), partition
         self.pcluster_hook, self.ssh_conn_id, self.ssh_port = pcluster_hook, ssh_conn_id, int(ssh_port)
         self.pin = dict(pin or {})
         self.keep_host_key, self.stuck_after_s = keep_host_key, float(stuck_after_s)
         self._unusable_since: dict[str, float] = {}
+        self.lost = lost if lost is not None else LostNodes()
 
     def check(self) -> tuple[Judgement, dict[str, Any] | None]:
         """(judgement, head node when ready). A host key mismatch raises HostKeyMismatchError."""
@@ -91,7 +110,7 @@ class FleetCheck:
             return Judgement(PENDING, "slurm_pending", f"Slurm not answering yet: {result.stderr.strip()[:500]}"), None
         judgement, capacity = judge_nodes(parse_sinfo(result.stdout), self.partition, self.num_nodes,
                                           since=self._unusable_since, now=time.monotonic(),
-                                          stuck_after_s=self.stuck_after_s)
+                                          stuck_after_s=self.stuck_after_s, lost=self.lost)
         if judgement.verdict != READY:
             return judgement, None
         return judgement, {**head_node, "partition": capacity.partition}
@@ -104,7 +123,7 @@ class FleetCheck:
             if judgement.verdict == READY:
                 return head_node
             if judgement.verdict == FAILED:
-                raise AirflowException(judgement.message)
+                raise failure(judgement.reason, judgement.message)
             if time.monotonic() >= deadline:
                 raise AirflowException(f"Fleet not ready after {timeout_s:.0f} s: {judgement.message}")
             log.info("Waiting: %s", judgement.message)
@@ -121,9 +140,11 @@ class ComputeFleetSensor(BaseSensorOperator):
     :param ssh_conn_id: SSH connection of the head node (user, key, port).
     :param deferrable: wait in the triggerer (BaseSensorOperator in 3.3 has no such argument).
     :param region_name: AWS region of the cluster (None: the pcluster connection's).
+    :param node_replacements: how often a lost node (bootstrap timeout, failed power-up) may be
+        replaced before the wait fails naming it (``run.lost_nodes``); 0 fails at once.
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name")
+    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name", "node_replacements")
     ui_color = "#e8f8f5"
 
     def __init__(
@@ -138,9 +159,11 @@ class ComputeFleetSensor(BaseSensorOperator):
         timeout: float = 3600,
         deferrable: bool = True,
         region_name: str | None = None,
+        node_replacements: int | str = DEFAULT_NODE_REPLACEMENTS,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.node_replacements = node_replacements
         self.region_name = region_name
         self.cluster_name = cluster_name
         self.num_nodes = num_nodes
@@ -152,6 +175,7 @@ class ComputeFleetSensor(BaseSensorOperator):
 
     def _validate(self) -> None:
         self.num_nodes = node_count(self.num_nodes)
+        self.node_replacements = replacements(self.node_replacements)
         if not self.cluster_name:
             raise ValueError("cluster_name is required")
 
@@ -165,6 +189,16 @@ class ComputeFleetSensor(BaseSensorOperator):
         if pin.get("host_key") and store is not None and pin != self._stored_pin(context):
             store.set(STATE_KEY_HOST_KEY, pin)
 
+    def _lost(self, context: Context) -> LostNodes:
+        store = context.get("task_state_store")
+        return LostNodes.from_dict(store.get(STATE_KEY_LOST_NODES) if store is not None else None,
+                                   int(self.node_replacements))
+
+    def _remember_lost(self, context: Context, lost: dict[str, Any] | None) -> None:
+        store = context.get("task_state_store")
+        if store is not None and lost is not None and lost != store.get(STATE_KEY_LOST_NODES):
+            store.set(STATE_KEY_LOST_NODES, lost)
+
     def execute(self, context: Context) -> Any:
         self._validate()
         if not self.deferrable:
@@ -174,7 +208,8 @@ class ComputeFleetSensor(BaseSensorOperator):
             cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
             pcluster_conn_id=self.pcluster_conn_id, ssh_conn_id=self.ssh_conn_id,
             ssh_port=ssh_port(self.ssh_conn_id), host_key=pin.get("host_key"), host_key_cluster=pin.get("cluster"),
-            poke_interval=self.poke_interval, region_name=self.region_name or None)
+            poke_interval=self.poke_interval, region_name=self.region_name or None,
+            node_replacements=int(self.node_replacements), lost_nodes=self._lost(context).to_dict())
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def poke(self, context: Context) -> PokeReturnValue | bool:
@@ -183,13 +218,15 @@ class ComputeFleetSensor(BaseSensorOperator):
             self._check = FleetCheck(
                 cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
                 pcluster_hook=ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None),
-                ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id), pin=self._stored_pin(context))
+                ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id), pin=self._stored_pin(context),
+                lost=self._lost(context))
         try:
             judgement, head_node = self._check.check()
         finally:
             self._remember_pin(context, self._check.pin)
+            self._remember_lost(context, self._check.lost.to_dict())
         if judgement.verdict == FAILED:
-            raise AirflowException(judgement.message)
+            raise failure(judgement.reason, judgement.message)
         self.log.info("%s", judgement.message)
         if judgement.verdict == READY:
             head_node = {**head_node, "ready_at": utc_now()}
@@ -197,9 +234,9 @@ class ComputeFleetSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         self._remember_pin(context, {"host_key": event.get("host_key"), "cluster": event.get("host_key_cluster")})
+        self._remember_lost(context, event.get("lost_nodes"))
         if event.get("status") != "success":
-            error = AirflowFailException if deterministic(event) else AirflowException
-            raise error(event.get("message") or f"wait_for_fleet failed: {event}")
+            raise failure(str(event.get("reason")), event.get("message") or f"wait_for_fleet failed: {event}")
         head_node = {**event["head_node"], "ready_at": utc_now()}  # idle fleet time starts here
         self.log.info("Cluster %s ready: head node %s, partition %s. %s", head_node["cluster_name"],
                       head_node["address"], head_node.get("partition"), event.get("message"))

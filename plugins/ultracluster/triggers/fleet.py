@@ -24,13 +24,23 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
+from ultracluster.hooks.head_node import (
+    HeadNodeHook,
+    HeadNodeUnreachableError,
+    HostKeyMismatchError,
+)
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmCommandError, SlurmHook
-from ultracluster.parsers.pcluster import ClusterNotFoundError, PclusterError, cluster_facts, cluster_identity
+from ultracluster.parsers.pcluster import (
+    ClusterNotFoundError,
+    PclusterError,
+    cluster_facts,
+    cluster_identity,
+)
 from ultracluster.parsers.slurm import parse_sinfo
 from ultracluster.run.events import event
 from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
+from ultracluster.run.lost_nodes import DEFAULT_NODE_REPLACEMENTS, LostNodes
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.backoff import api_delay
 
@@ -40,8 +50,9 @@ NODE_CHECK_INTERVAL_S = 1.0
 
 class ComputeFleetTrigger(BaseTrigger):
     """Fires once (``run.events``): ``complete`` with ``head_node``, or the failing judgement's
-    reason (``cluster_failed``, ``power_up_failed``, ``nodes_stuck``, ...), ``host_key_mismatch``
-    or ``trigger_error``; every event carries the pin (``host_key``, ``host_key_cluster``).
+    reason (``cluster_failed``, ``node_lost``, ``nodes_stuck``, ...), ``host_key_mismatch``
+    or ``trigger_error``; every event carries the pin (``host_key``, ``host_key_cluster``) and the
+    lost-node ledger (``lost_nodes``).
 
     :param cluster_name: ParallelCluster name.
     :param num_nodes: nodes the next job needs.
@@ -61,6 +72,8 @@ class ComputeFleetTrigger(BaseTrigger):
         on the key instead of being trusted anew.
     :param wait_window_s: the head-node wait command runs at most this long before describe-cluster
         is checked again and another starts, on the same connection.
+    :param node_replacements: how often a lost node may be replaced (``run.lost_nodes``).
+    :param lost_nodes: the task's lost-node ledger so far (``LostNodes.to_dict``).
     """
 
     def __init__(
@@ -79,8 +92,13 @@ class ComputeFleetTrigger(BaseTrigger):
         stuck_after_s: float = 600,
         keep_host_key: bool = False,
         wait_window_s: int | None = None,
+        node_replacements: int = DEFAULT_NODE_REPLACEMENTS,
+        lost_nodes: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.node_replacements = int(node_replacements)
+        self.lost_nodes = lost_nodes
+        self._lost = LostNodes.from_dict(lost_nodes, self.node_replacements)
         self.keep_host_key = bool(keep_host_key)
         self.stuck_after_s = float(stuck_after_s)
         self._unusable_since: dict[str, float] = {}
@@ -114,6 +132,8 @@ class ComputeFleetTrigger(BaseTrigger):
                 "stuck_after_s": self.stuck_after_s,
                 "keep_host_key": self.keep_host_key,
                 "wait_window_s": self.wait_window_s,
+                "node_replacements": self.node_replacements,
+                "lost_nodes": self.lost_nodes,
             },
         )
 
@@ -167,7 +187,7 @@ class ComputeFleetTrigger(BaseTrigger):
         while True:
             judgement, capacity = judge_nodes(parse_sinfo(text), self.partition, self.num_nodes,
                                               since=self._unusable_since, now=time.monotonic(),
-                                              stuck_after_s=self.stuck_after_s)
+                                              stuck_after_s=self.stuck_after_s, lost=self._lost)
             if judgement.verdict == READY:
                 return judgement, {**head_node, "partition": capacity.partition}
             if judgement.verdict == FAILED:
@@ -205,7 +225,7 @@ class ComputeFleetTrigger(BaseTrigger):
 
     def _event(self, reason: str, message: str, **fields: Any) -> TriggerEvent:
         return TriggerEvent(event(reason, message, host_key=self.host_key, host_key_cluster=self.host_key_cluster,
-                                  **fields))
+                                  lost_nodes=self._lost.to_dict(), **fields))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
