@@ -274,6 +274,9 @@ with DAG(
         # After a node fault: wait for the fleet, resubmit from the newest checkpoint (docs/operations.md).
         auto_resume_attempts="{{ params.auto_resume_attempts }}",
         node_replacements="{{ params.node_replacements }}",
+        # First on every node: Neuron and EFA devices as the instance type has them; a failing node is
+        # drained and the job resubmitted like after a node fault (docs/operations.md, "Node health gate").
+        health_gate="{{ params.instance_type }}",
         **{**same_slurm_job, "job_env": {
             **JOB_ENV,
             # How parallel_compile ran (launcher or compile-only): into results.json.

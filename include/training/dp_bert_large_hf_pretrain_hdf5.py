@@ -28,7 +28,7 @@ from pretrain_data import (HDF5_KEYS, DeviceFeed, Prefetcher, ShardStream,  # no
 from pretrain_model import (COMMON_CONFIG, MODEL_SIZES, AdamW, Lamb,  # noqa: E402,F401
                             PretrainingLoss, build_model, build_optimizer, lr_factor,
                             parameter_count, place_model, weights_tied)
-from pretrain_report import (NO_RESUME, CompileCache, Progress, env_json, metric,  # noqa: E402
+from pretrain_report import (NO_RESUME, CompileCache, Progress, env_json, metric, node_health,  # noqa: E402
                              recorded_env, write_json_atomically)
 from pretrain_runtime import (LauncherWatch, Runtime, UsageError,  # noqa: E402
                               default_num_threads, log)
@@ -125,6 +125,10 @@ def train(args, runtime: Runtime) -> int:
         raise UsageError(f"world size {runtime.world_size} exceeds the {len(files)} training "
                          f"files in {args.data_dir}: each worker needs at least one file")
     check_shard_format(files[0], args.seq_len, args.max_pred_len)
+    try:  # read before training: an unreadable report fails now, not after hours of it
+        health = node_health() if runtime.rank == 0 else None
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -251,7 +255,7 @@ def train(args, runtime: Runtime) -> int:
 
     if runtime.rank == 0:
         optimizer_states = [s["exp_avg"].dtype for s in optimizer.state.values() if "exp_avg" in s]
-        facts = dict(config=config, collective_check=collective_check, data_type=data_type,
+        facts = dict(config=config, collective_check=collective_check, health=health, data_type=data_type,
                      autocast="bf16" if autocast_bf16 else None, params=parameter_count(model),
                      optimizer_state=dtype_name(optimizer_states[0]) if optimizer_states else None,
                      global_batch=global_batch, start_step=start_step, step=step,
@@ -285,6 +289,8 @@ def results_document(args, runtime, progress, f) -> dict:
         "Optimizer state data type": f["optimizer_state"],
         "Parameter count": f["params"],
         "Collective check": f["collective_check"],
+        # The node health gate's per-node checks (node_health.sh), or None; its third check is the above.
+        "Node health": f["health"],
         "Gradient accumulation microsteps": args.grad_accum_usteps,
         "Warmup steps": args.warmup_steps,
         "Shards per checkpoint": args.shards_per_ckpt,

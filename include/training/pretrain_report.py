@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 NO_RESUME = {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}}
+# The node health gate's line per node (node_health.sh; plugins/ultracluster/run/health.py parses it too).
+HEALTH_PREFIX = "UC_HEALTH "
 # Environment worth keeping in results.json to reproduce a run.
 RECORDED_ENV_PREFIXES = ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_JOB_NODELIST",
                          "MASTER_", "WORLD_SIZE", "NEURON_", "XLA_", "FI_", "OMP_NUM_THREADS",
@@ -118,3 +120,20 @@ def recorded_env() -> dict:
 
 def env_json(name, default=None):
     return json.loads(os.environ.get(name) or "null") or default
+
+
+def node_health():
+    """The node health gate's report, for results.json: the instance type and each node's checks
+    (its ``UC_HEALTH`` lines, from the file the job names in NODE_HEALTH_REPORT once the gate
+    passed), or None when the job ran no gate. ValueError when the named report is unreadable."""
+    path = os.environ.get("NODE_HEALTH_REPORT")
+    if not path:
+        return None
+    try:
+        lines = [line for line in Path(path).read_text().splitlines() if HEALTH_PREFIX in line]
+        nodes = [json.loads(line[line.find(HEALTH_PREFIX) + len(HEALTH_PREFIX):]) for line in lines]
+    except (OSError, ValueError) as err:
+        raise ValueError(f"NODE_HEALTH_REPORT {path} is unreadable: {err}") from None
+    if not nodes:
+        raise ValueError(f"NODE_HEALTH_REPORT {path} holds no {HEALTH_PREFIX.strip()} line")
+    return {"instance_type": nodes[0].get("instance_type"), "nodes": nodes}

@@ -210,6 +210,16 @@ class SlurmHook(BaseHook):
         command = remote_commands.scancel(job_id)
         _checked(command, self._run(command))
 
+    def drain(self, nodes: list[str], reason: str) -> None:
+        """``scontrol update ... State=DRAIN Reason=<reason>`` (raises SlurmCommandError when refused)."""
+        command = remote_commands.drain_nodes(nodes, reason)
+        _checked(command, self._run(command))
+
+    def health_report(self, job_dir: str, job_id: str) -> str:
+        """The node health gate's report of a job (``run.health.parse_report`` reads it); empty if none."""
+        command = remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "health"))
+        return _checked(command, self._run(command)).stdout
+
     def job_status(self, job_id: str, job_dir: str, *, job_name: str | None = None) -> JobStatus:
         """Where the job stands (``_job_status_plan``)."""
         return _drive(_job_status_plan(job_id, job_dir, job_name), self._run)

@@ -16,6 +16,7 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
+from ultracluster.operators.health_gate import describe, drain_unhealthy, gate_job_env, gate_result
 from ultracluster.operators.slurm_job import (
     STATE_KEY_JOB_ID,
     JobSpec,
@@ -25,11 +26,13 @@ from ultracluster.operators.slurm_job import (
 from ultracluster.operators.slurm_resume import ResumeRecord, submit_resume
 from ultracluster.parsers.progress import JobLog, error_reasons
 from ultracluster.run.clock import iso, utc_now
+from ultracluster.run.health import GATE_SCRIPT, gate_instance_type
 from ultracluster.run.jobs import (
     FINAL,
     NODE_FAULT,
     REFUSED,
     SUCCEEDED,
+    UNHEALTHY,
     job_outcome,
     resume_refusal,
 )
@@ -97,11 +100,15 @@ class SlurmJobOperator(BaseOperator):
     :param node_replacements: how often a node this task's jobs lose (down after a node fault) may
         be replaced before the task fails naming it (``run.lost_nodes``); the resume's fleet wait
         applies the same rule to nodes that fail to come back.
+    :param health_gate: the instance type whose devices the node health gate expects (``run.health``;
+        None: no gate). The job first runs include/training/node_health.sh on every node; a node that
+        fails is drained with the reason, and the job is resubmitted like after a node fault.
     """
 
     template_fields: Sequence[str] = (
         "head_node", "job_dir", "num_nodes", "job_env", "extra_job_env", "launcher", "training_files_dir",
         "job_name", "partition", "budget", "auto_resume_attempts", "region_name", "node_replacements",
+        "health_gate",
     )
     ui_color = "#d4e6f1"
     operator_extra_links = (SlurmJobLink(),)
@@ -135,6 +142,7 @@ class SlurmJobOperator(BaseOperator):
         region_name: str | None = None,
         resume_fleet_timeout: float = 3600,
         node_replacements: int | str = DEFAULT_NODE_REPLACEMENTS,
+        health_gate: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -164,6 +172,7 @@ class SlurmJobOperator(BaseOperator):
         self.region_name = region_name
         self.resume_fleet_timeout = float(resume_fleet_timeout)
         self.node_replacements = node_replacements
+        self.health_gate = health_gate
         self._running: tuple[SlurmJob, str] | None = None  # (job, id) while a worker-side wait runs
         self._hook: SlurmHook | None = None
 
@@ -185,12 +194,14 @@ class SlurmJobOperator(BaseOperator):
         replacements(self.node_replacements)
         if not isinstance(self.extra_job_env, Mapping):
             raise ValueError(f"extra_job_env must be a mapping, got {type(self.extra_job_env).__name__}")
+        gate = gate_instance_type(self.health_gate)
         if self.training_files_dir is not None:
-            script = posixpath.join(self.training_files_dir, self.run_script)
-            if not posixpath.isfile(script):
-                raise ValueError(f"Run script {script} not found (training_files_dir={self.training_files_dir!r})")
+            for name in (self.run_script, *([GATE_SCRIPT] if gate else [])):
+                script = posixpath.join(self.training_files_dir, name)
+                if not posixpath.isfile(script):
+                    raise ValueError(f"{script} not found (training_files_dir={self.training_files_dir!r})")
         # The contract's variables win: extra_job_env only adds knobs.
-        env = {str(k): env_value(v) for k, v in {**self.extra_job_env, **self.job_env}.items()}
+        env = {str(k): env_value(v) for k, v in {**self.extra_job_env, **self.job_env, **gate_job_env(gate)}.items()}
         env.setdefault("OUTPUT_ROOT", self.job_dir)
         ti = context["ti"]
         spec = JobSpec(
@@ -198,7 +209,7 @@ class SlurmJobOperator(BaseOperator):
             job_dir=self.job_dir, run_script=self.run_script, num_nodes=node_count(self.num_nodes), env=env,
             launcher=self.launcher, launcher_dirs=self.launcher_dirs, launcher_fallback_env=self.launcher_fallback_env,
             partition=self.partition or self.head_node.get("partition"), time_limit_minutes=self.time_limit_minutes,
-            training_files_dir=self.training_files_dir)
+            training_files_dir=self.training_files_dir, health_gate=gate)
         spec.sbatch_args("validate")  # checks names and values without running anything
         return SlurmJob(self.hook, spec, self.log)
 
@@ -266,16 +277,21 @@ class SlurmJobOperator(BaseOperator):
         store = context.get("task_state_store")
         if store is not None and event.get("log_offset") is not None:
             store.set(STATE_KEY_LOG_OFFSET, {"job_id": job_id, "offset": int(event["log_offset"])})
-        outcome, message = job_outcome(event), ""
+        gated = job.spec.health_gate is not None
+        outcome, message = job_outcome(event, health_gate=gated), ""
         if outcome not in (SUCCEEDED, FINAL):  # the log's tail says more, and holds any UC_ERROR
             message = job.failure_message(event, self.log_tail_lines)
-            outcome = job_outcome(event, error_reasons(message))
+            outcome = job_outcome(event, error_reasons(message), health_gate=gated)
         if outcome == FINAL:
             notify_budget_stop(context, event)  # mail/Slack when the budget guard cancelled the job
             raise AirflowFailException(str(event.get("message")))
         if outcome == REFUSED:  # the run script's own checks: deterministic, so no retry (nor resume)
             raise AirflowFailException(f"The job refused its input (UC_ERROR): "
                                        f"{'; '.join(error_reasons(message))}\n{message}")
+        if outcome == UNHEALTHY:  # drained first: the resubmission must not land on the same nodes
+            drained = drain_unhealthy(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log, message)
+            return self._node_fault(context, job, event, f"The node health gate failed in job {job_id}: "
+                                    f"{describe(drained)}; drained.", drained=drained)
         if outcome == NODE_FAULT:
             return self._node_fault(context, job, event, message)
         if outcome != SUCCEEDED:
@@ -291,6 +307,8 @@ class SlurmJobOperator(BaseOperator):
             "started_at": iso(getattr(context.get("ti"), "start_date", None)), "ended_at": utc_now(),
             "auto_resume": ResumeRecord(context.get("task_state_store")).summary(),
         }
+        if job.spec.health_gate:
+            result["node_health"] = gate_result(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log)
         if self.launcher:
             result["launch"] = job.launch_mode(job_id)
             result["compile_cache"] = job.compile_cache(result["results_path"])
@@ -306,11 +324,15 @@ class SlurmJobOperator(BaseOperator):
         stored = ledger if store is None else store.get(STATE_KEY_LOST_NODES)
         return LostNodes.from_dict(stored, replacements(self.node_replacements))
 
-    def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str) -> dict[str, Any]:
-        """A job ended in a node fault: count its lost nodes, then resume once the fleet is healthy
-        (ParallelCluster replaces them), or fail naming why not."""
+    def _node_fault(self, context: Context, job: SlurmJob, event: dict[str, Any], message: str,
+                    drained: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """A job ended in a node fault, or the health gate drained nodes (``drained``: ``{node: reason}``):
+        count its lost nodes, then resume once the fleet is healthy (ParallelCluster replaces them), or
+        fail naming why not."""
         lost = self._lost(context)
-        if newly := lost.fault(str(event.get("job_id")), job.failed_nodes(event)):
+        # The gate names the nodes it drained; after any other fault, sinfo says which nodes failed.
+        failed = dict(drained) if drained else job.failed_nodes(event)
+        if newly := lost.fault(str(event.get("job_id")), failed):
             self.log.warning("Job %s lost node(s) %s (losses/allowed: %s)", event.get("job_id"),
                              "; ".join(f"{n} ({lost.reasons[n]})" for n in newly), lost.describe())
         self._lost(context, lost.to_dict())
@@ -322,9 +344,11 @@ class SlurmJobOperator(BaseOperator):
         refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
         if refusal:
             raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
-        record.add(event)
-        self.log.warning("Slurm job %s ended %s (a node fault): auto-resume %d of %d once the fleet is healthy",
-                         event.get("job_id"), event.get("state"), len(record.resumes), attempts)
+        record.add(event, drained)
+        self.log.warning("Slurm job %s ended %s (%s): auto-resume %d of %d once the fleet is healthy",
+                         event.get("job_id"), event.get("state"),
+                         f"unhealthy nodes drained: {', '.join(drained)}" if drained else "a node fault",
+                         len(record.resumes), attempts)
         head = self.head_node
         fleet = dict(cluster_name=head["cluster_name"], num_nodes=job.spec.num_nodes, partition=job.spec.partition,
                      ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id),

@@ -27,6 +27,7 @@ from ultracluster.run.contracts import (
     output_dir,
 )
 from ultracluster.run.events import event
+from ultracluster.run.health import GATE_SCRIPT
 from ultracluster.run.states import JOB_SUCCESS_STATES, job_is_active
 
 # Key in the task state store; renaming it breaks reattach for in-flight retries.
@@ -59,6 +60,7 @@ class JobSpec:
     partition: str | None = None
     time_limit_minutes: int | None = None
     training_files_dir: str | None = None
+    health_gate: str | None = None  # the instance type the node health gate checks for (None: no gate)
 
     @property
     def output_root(self) -> str:
@@ -73,7 +75,8 @@ class JobSpec:
             job_name=self.name, comment=f"ultracluster run_id={run_id}", job_env=self.env if env is None else env,
             launcher=self.launcher, launcher_dirs=list(dict.fromkeys([*first, *self.launcher_dirs])),
             launcher_fallback_env=self.launcher_fallback_env, partition=self.partition,
-            time_limit_minutes=self.time_limit_minutes)
+            time_limit_minutes=self.time_limit_minutes,
+            health_check=posixpath.join(self.job_dir, GATE_SCRIPT) if self.health_gate else None)
         remote_commands.sbatch(**args)  # builds and checks the command without running it
         return args
 

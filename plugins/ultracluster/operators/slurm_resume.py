@@ -48,13 +48,17 @@ class ResumeRecord:
         self.data = {"resumes": []}
         self.save()
 
-    def add(self, event: Mapping[str, Any]) -> None:
-        """Decide a resume of the job ``event`` reports ended in a node fault."""
+    def add(self, event: Mapping[str, Any], drained: Mapping[str, str] | None = None) -> None:
+        """Decide a resume of the job ``event`` reports ended in a node fault (``drained``: the nodes
+        the health gate drained, ``{node: reason}``)."""
         last = event.get("last_progress") or {}
         if self.data.get("target_step") is None:
             self.data["target_step"] = last.get("total")  # the step the first job was to end at
-        self.resumes.append({"failed_job_id": str(event.get("job_id")), "state": event.get("state"),
-                             "reason": event.get("job_reason"), "last_step": last.get("step"), "job_id": None})
+        entry = {"failed_job_id": str(event.get("job_id")), "state": event.get("state"),
+                 "reason": event.get("job_reason"), "last_step": last.get("step"), "job_id": None}
+        if drained:
+            entry["drained"] = dict(drained)
+        self.resumes.append(entry)
         self.save()
 
     def summary(self) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 
 from ultracluster.remote_commands.command import RemoteCommand, check_job_id, env_words, from_argv
+from ultracluster.run.health import HEALTH_GATE_EXIT_CODE, NODES_PREFIX
 
 # Output formats the parsers in ultracluster.parsers.slurm expect. Free text (reason, comment) is
 # kept in the last column so a "|" inside it cannot shift the other columns.
@@ -20,6 +22,8 @@ SLURM_BIN = "/opt/slurm/bin"
 
 # Slurm job states squeue is asked about when looking for a job to reattach to.
 _ALL_STATES = "all"
+# A Slurm node name as ParallelCluster makes them (<queue>-st|dy-<resource>-N); nothing to quote.
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # ----------------------------------------------------------------------------------------- Slurm
 
@@ -75,6 +79,27 @@ def scancel(job_id: str | int) -> RemoteCommand:
     return from_argv(slurm_command("scancel"), check_job_id(job_id))
 
 
+def drain_nodes(nodes: Sequence[str], reason: str) -> RemoteCommand:
+    """``scontrol update NodeName=a,b State=DRAIN Reason=...``: no new job lands on the nodes, and
+    ParallelCluster's clustermgtd replaces a drained node once it is idle.
+
+    Changing a node's state takes a Slurm operator: ParallelCluster's default user has it through
+    passwordless sudo. sudo resets the environment; SLURM_CONF is kept where it is set (ParallelCluster
+    sets none: scontrol reads /opt/slurm/etc/slurm.conf).
+    """
+    if not nodes:
+        raise ValueError("drain_nodes needs at least one node")
+    for node in nodes:
+        if not _NODE_NAME.match(node):
+            raise ValueError(f"Not a Slurm node name: {node!r}")
+    text = " ".join(str(reason).split())
+    if not text:
+        raise ValueError("A drain needs a reason")
+    return from_argv("sudo", "-n", "--preserve-env=SLURM_CONF", slurm_command("scontrol"), "update",
+                     f"NodeName={','.join(nodes)}", "State=DRAIN", f"Reason={text}",
+                     description=f"drain {','.join(nodes)} ({text})")
+
+
 # The job's files next to each other in its directory: the Slurm log (out), srun's exit code (exit)
 # and the job's name (name), written by the job sbatch() builds.
 _JOB_FILE = "{job_dir}/slurm-{job_id}.{kind}"
@@ -98,6 +123,7 @@ def sbatch(
     partition: str | None = None,
     exclusive: bool = True,
     time_limit_minutes: int | None = None,
+    health_check: str | None = None,
 ) -> RemoteCommand:
     """``sbatch --exclusive --nodes N --wrap "srun [launcher] script"`` from the job directory.
 
@@ -116,6 +142,10 @@ def sbatch(
     The wrap records the job name (``slurm-<jobid>.name``) and srun's exit code
     (``slurm-<jobid>.exit``) next to the Slurm log so the final state, and whose job it was, are
     known even after slurmctld forgot the job and there is no accounting.
+    ``health_check``: the node health gate's script (``run.health``), run first as one task per node;
+    its report goes to ``slurm-<jobid>.health`` (after the allocated node names) and into the Slurm
+    log. When it fails the job ends with ``HEALTH_GATE_EXIT_CODE`` before training starts; when it
+    passes the training step gets the report's path as ``NODE_HEALTH_REPORT`` (for results.json).
     """
     if int(num_nodes) < 1:
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
@@ -131,7 +161,8 @@ def sbatch(
     )
     path_dirs = [d for d in dict.fromkeys([*launcher_dirs, SLURM_BIN]) if d and posixpath.isabs(d)]
     path = f'export PATH={shlex.quote(":".join(path_dirs))}:"$PATH"'
-    wrap = (f'{path}; echo {shlex.quote(job_name)} > {name_marker}; {run}; rc=$?; echo "$rc" > {exit_marker}; '
+    gate = _health_gate(health_check, job_dir, exit_marker) if health_check else ""
+    wrap = (f'{path}; echo {shlex.quote(job_name)} > {name_marker}; {gate}{run}; rc=$?; echo "$rc" > {exit_marker}; '
             'exit "$rc"')
     argv = [
         slurm_command("sbatch"), "--parsable", "--job-name", job_name, "--comment", comment,
@@ -151,6 +182,25 @@ def sbatch(
     argv += ["--wrap", wrap]
     shell = shlex.join([*assignments, *argv])
     return RemoteCommand(shell=shell, description=f"sbatch --job-name {job_name} --nodes {num_nodes} ({script_path})")
+
+
+def _health_gate(script: str, job_dir: str, exit_marker: str) -> str:
+    """The wrap's first step (see sbatch): the gate on every node, its verdict in the job's exit code.
+
+    srun's own failure (a task that could not start) fails the gate too; its tasks run to the end
+    (``--kill-on-bad-exit=0``) so that every node reports.
+    """
+    if not posixpath.isabs(script):
+        raise ValueError(f"health_check must be an absolute path, got {script!r}")
+    report = _JOB_FILE.format(job_dir=shlex.quote(job_dir.rstrip("/")), job_id='"$SLURM_JOB_ID"', kind="health")
+    nodes = f'{shlex.quote(slurm_command("scontrol"))} show hostnames "$SLURM_JOB_NODELIST"'
+    srun = shlex.join([slurm_command("srun"), "--ntasks-per-node=1", "--kill-on-bad-exit=0", script])
+    code = HEALTH_GATE_EXIT_CODE
+    # Unquoted, the substitution's lines become words: one line of node names.
+    return (f'echo {NODES_PREFIX.strip()} $({nodes}) > {report}; {srun} >> {report}; hc=$?; cat {report}; '
+            f'if [ "$hc" -ne 0 ]; then echo "UC_INFO health gate failed (exit $hc): see "{report}; '
+            f'echo {code} > {exit_marker}; exit {code}; fi; '
+            f'echo "UC_INFO health gate passed: "{report}; export NODE_HEALTH_REPORT={report}; ')
 
 
 def _launch(launcher: str, dirs: Sequence[str], fallback_env: Mapping[str, str] | None, script_path: str,
