@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.localcluster, pytest.mark.timeout(240
 SHORT = {"num_nodes": 1, "max_nodes": 1, "max_steps": 10, "steps_this_run": 10}
 LONG = {**SHORT, "max_steps": 400, "steps_this_run": 400}  # train still running when the fault comes
 OUTAGE_S = 30
+UNHEALTHY_NODE = "compute1-dy-trn1-32xl-1"  # the training queue's one dynamic node (SHORT)
 SUITE_TIMEOUT_S = 1500
 TEARDOWNS = ("delete_cluster", "delete_vpc")
 STEPS = ("preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
@@ -93,6 +94,11 @@ CASES: dict[str, Case] = {
     # it would start again from step 0), a clear failure, teardowns.
     "node-fail": Case(conf={**SHORT, "auto_resume_attempts": 0}, failed=("train",), tries={"train": 1},
                       log={"train": "auto-resume is off"}, driver="kill_node"),
+    # The node health gate: one Neuron device missing on the node's first instance. train drains it,
+    # ParallelCluster (the twin's clustermgtd) replaces it, and the resubmitted job passes the gate.
+    "neuron-unhealthy": Case(conf={**SHORT, "extra_tags": {"local-ultracluster:neuron-unhealthy": UNHEALTHY_NODE}},
+                             run_state="success", tries={"train": 1},
+                             log={"train": f"Drained {UNHEALTHY_NODE}: UC health check failed: neuron"}),
 }
 SUCCESS_GROUP = [name for name, case in CASES.items() if case.run_state == "success" and not case.failed]
 
