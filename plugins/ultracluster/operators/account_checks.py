@@ -107,8 +107,8 @@ def unwritable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[st
         if found == s3_access.MISSING:
             return [f"{param}: {s3_access.missing_message(bucket, bucket_missing=True)}"]
         if found == s3_access.DENIED:
-            return [f"{param}: bucket {bucket}: access denied (HTTP 403): the bucket exists, but these "
-                    "credentials may not use it (the pipeline writes here: it must be the deployment's own)"]
+            return [(f"{param}: bucket {bucket}: access denied (HTTP 403): the bucket exists, but these "
+                     "credentials may not use it (the pipeline writes here: it must be the deployment's own)")]
         s3.load_string("preflight write check", key, bucket, replace=True)
         s3.delete_objects(bucket, [key])
     except ClientError as err:

@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
-from ultracluster.run.boot_time import BootTableError, boot_warning, describe, estimate, load_boot_steps, nodes_at_once
+from ultracluster.run import boot_time
 from ultracluster.run.cost import PriceError, estimate, load_prices
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.plan import plan_problems, run_plan
@@ -104,13 +104,13 @@ class PreflightOperator(BaseOperator):
     def _boot(self, plan: dict, warnings: list[str]) -> dict:
         """A compute node's boot time against the bootstrap timeout; a warning at 70 % or more."""
         try:
-            table = load_boot_steps()
-            boot = estimate(table, instance_type=plan["instance_type"], prebuilt=bool(plan.get("custom_ami")),
-                            nodes=nodes_at_once(plan["num_nodes"], plan.get("min_nodes") or 0))
-        except BootTableError as err:
+            table = boot_time.load_boot_steps()
+        except boot_time.BootTableError as err:
             raise AirflowFailException(f"boot time estimate: {err}") from None
-        self.log.info("Preflight %s (table: %s)", describe(boot), table["file"])
-        warning = boot_warning(boot, table["warn_at_share"]["value"])
+        boot = boot_time.estimate(table, instance_type=plan["instance_type"], prebuilt=bool(plan.get("custom_ami")),
+                                  nodes=boot_time.nodes_at_once(plan["num_nodes"], plan.get("min_nodes") or 0))
+        self.log.info("Preflight %s (table: %s)", boot_time.describe(boot), table["file"])
+        warning = boot_time.boot_warning(boot, table["warn_at_share"]["value"])
         if warning:
             warnings.append(warning)
         return boot

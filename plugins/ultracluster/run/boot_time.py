@@ -121,7 +121,8 @@ def estimate(table: dict[str, Any], *, instance_type: str, nodes: int, prebuilt:
     timeout = float(table["bootstrap_timeout"]["seconds"])
     return {"seconds": round(total), "timeout_s": round(timeout), "share": round(total / timeout, 4),
             "row_set": row_set, "nodes": int(nodes), "instance_type": instance_type,
-            "download_mb": round(download_mb, 1), "mb_per_s": round(rate, 1), "nat_limited": nat_share < node_rate,
+            "download_mb": round(download_mb, 1), "mb_per_s": round(rate, 1),
+            "nat_limited": download_mb > 0 and nat_share < node_rate,
             "steps": steps}
 
 
