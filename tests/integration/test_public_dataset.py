@@ -268,3 +268,9 @@ def test_a_403_on_the_sidecar_downloads_with_the_size_check_and_says_so(tmp_path
     assert "taken as no checksum sidecar" in capsys.readouterr().out  # the task log
     tar = str(tmp_path / "fsx" / "data" / KEY.rsplit("/", 1)[-1])
     assert rc.sha256_of(tar).shell not in [c.shell for c in head.commands]  # no digest to check against
+
+
+def test_a_dataset_uri_without_a_key_is_a_problem_not_a_crash(aws_conn):
+    problems, _ = dataset_problems(dataset_s3_uri="s3://neuron-s3/training_datasets/")
+    assert problems == [("dataset_s3_uri: dataset_s3_uri must be s3://bucket/key of a tar file, "
+                         "got 's3://neuron-s3/training_datasets/'")]

@@ -20,7 +20,7 @@ from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE, AccountHook
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.dataset import DatasetS3Hook
 from ultracluster.operators.checkpoint import ResumeFromError, resolve_checkpoint
-from ultracluster.operators.dataset import read_sidecar
+from ultracluster.operators.dataset import dataset_object, read_sidecar
 from ultracluster.run import s3_access
 from ultracluster.run.errors import aws_error_code, is_transient
 from ultracluster.run.s3 import split_s3_uri
@@ -54,7 +54,7 @@ def unreadable(s3: DatasetS3Hook, param: str, uri: str | None, warnings: list[st
     HeadObject answers a bare 404 for a missing bucket and a missing key alike; HeadBucket tells them
     apart. A bucket the caller may not list (a public one) answers HeadBucket 403: never asked first."""
     try:
-        bucket, key = split_s3_uri(uri or "")
+        bucket, key = dataset_object(uri or "")
     except ValueError as err:
         return [f"{param}: {err}"]
     try:
