@@ -126,6 +126,8 @@ with DAG(
         max_cost_usd="{{ params.max_cost_usd }}",
         aws_conn_id=AWS_CONN_ID,
         s3_encryption=S3_ENCRYPTION,
+        # A compute node's boot against the bootstrap timeout (production; local nodes boot in seconds).
+        estimate_boot_time=PROFILE.get("estimate_boot_time") is True,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -200,6 +202,7 @@ with DAG(
         task_id="download_data",
         head_node=wait_for_fleet.output,
         dataset_s3_uri="{{ params.dataset_s3_uri }}",
+        anonymous="{{ params.dataset_anonymous }}",
         data_dir=DATA_ROOT,
         aws_conn_id=AWS_CONN_ID,
         ssh_conn_id=SSH_CONN_ID,

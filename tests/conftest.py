@@ -1,6 +1,9 @@
 """Shared pytest set-up. Fixtures for the local UltraCluster live in tests/fixtures_localcluster.py."""
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 import sys
 
 import pytest
@@ -51,3 +54,34 @@ def trigger_events_have_one_shape(monkeypatch):
         original(self, payload, **kwargs)
 
     monkeypatch.setattr(TriggerEvent, "__init__", checked)
+
+
+class OffLoopback(OSError):
+    """A test tried to reach an address outside 127.0.0.0/8 (the project's traffic rule)."""
+
+
+def _loopback_only(connect):
+    def guarded(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            host = address[0]
+            try:
+                allowed = ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+            except ValueError:  # a name: resolved by the caller before connect, never here
+                allowed = False
+            if not allowed:
+                raise OffLoopback(f"connection to {address!r} refused by the tests' loopback guard")
+        return connect(sock, address)
+    return guarded
+
+
+@pytest.fixture(autouse=True, scope="session")
+def traffic_stays_on_loopback():
+    """Every socket a test's process opens goes to 127.0.0.0/8 or ::1 (subprocesses are the real
+    daemons', bound to loopback by their own configs). botocore's instance-metadata lookup is off:
+    without credentials it would try 169.254.169.254."""
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    patch = pytest.MonkeyPatch()
+    patch.setattr(socket.socket, "connect", _loopback_only(socket.socket.connect))
+    patch.setattr(socket.socket, "connect_ex", _loopback_only(socket.socket.connect_ex))
+    yield
+    patch.undo()

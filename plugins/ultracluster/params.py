@@ -179,6 +179,12 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "S3 URI of the tokenized dataset tar (HDF5 shards); the head node fetches it through a "
             "presigned URL.",
             type="string", pattern=S3_URI_PATTERN),
+        "dataset_anonymous": _param(
+            p["dataset_anonymous"], "Public dataset (anonymous)", DATA,
+            "Read the dataset without credentials, as `aws s3 cp --no-sign-request` does: for a public "
+            "bucket of another account (the seed's neuron-s3), which answers 403 (access denied) to "
+            "this account's signed requests. Off: the AWS connection's credentials.",
+            type="boolean"),
         "artifacts_s3_uri": _param(
             p["artifacts_s3_uri"], "Artifacts prefix", DATA,
             "S3 prefix for this DAG's artifacts: cluster config, node script, results.",

@@ -33,9 +33,11 @@ def s3(aws_conn, moto_endpoint):
     return aws_conn
 
 
-def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_usd=None) -> dict:
+def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_usd=None,
+        estimate_boot_time: bool = False) -> dict:
     op = PreflightOperator(task_id="preflight", schedule_period=WEEK, max_cost_usd=max_cost_usd,
-                           artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws")
+                           artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws",
+                           estimate_boot_time=estimate_boot_time)
     context = {"params": params, "run_id": run_id, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
                "logical_date": None if weeks is None else ORIGIN + weeks * WEEK}
     return op.execute(context)
@@ -126,3 +128,30 @@ def test_a_bucket_that_does_not_block_public_access_is_a_warning_not_a_failure(s
         assert run(local())["warnings"] == []
     finally:
         s3.delete_public_access_block(Bucket="ultracluster-artifacts")  # the shared moto's bucket as it was
+
+
+def test_the_production_profile_estimates_a_nodes_boot(s3, capsys):
+    """16 trn1.32xlarge installing Neuron at boot: in the log and the XCom, well under the warning line."""
+    result = run(local(num_nodes=16, max_nodes=16, scaling_mode="weak"), estimate_boot_time=True)
+    boot = result["boot"]
+    assert (boot["seconds"], boot["timeout_s"], boot["row_set"], boot["nodes"]) == (752, 2100, "install_at_boot", 16)
+    assert not any("boot estimate" in w for w in result["warnings"])
+    assert "node boot estimate: 752 s for 16 × trn1.32xlarge" in capsys.readouterr().out
+
+
+def test_a_boot_near_the_timeout_is_a_warning_not_a_failure(s3, capsys):
+    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak"), estimate_boot_time=True)
+    warnings = [w for w in result["warnings"] if "boot estimate" in w]
+    assert len(warnings) == 1 and warnings[0].startswith("num_nodes: node boot estimate:")
+    assert "at or over the 70% warning line" in warnings[0]
+    assert warnings[0] in capsys.readouterr().out  # the task log's warning
+
+
+def test_a_prebuilt_image_boots_in_parallelclusters_own_time(s3):
+    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak", custom_ami="ami-0123456789abcdef0"), estimate_boot_time=True)
+    assert result["boot"]["row_set"] == "prebuilt_image" and result["boot"]["seconds"] == 288
+    assert not any("boot estimate" in w for w in result["warnings"])
+
+
+def test_the_local_profile_does_not_estimate(s3):
+    assert run(local())["boot"] is None

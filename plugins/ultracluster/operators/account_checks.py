@@ -3,8 +3,10 @@
 
 Each problem is one line naming its param; the caller fails the run once with all of them.
 Deterministic answers (a missing object, bucket or key pair, an access denial, an instance type not
-offered, a quota too small) are problems. Transient ones (throttling, an unreachable endpoint)
-propagate, so the task retries.
+offered, a quota too small) are problems; an access denial (HTTP 403) is told apart from a missing
+bucket or object (404; ``run.s3_access``). Transient ones (throttling, an unreachable endpoint)
+propagate, so the task retries. The dataset is read as download_data reads it (``dataset_anonymous``:
+unsigned), its ``.sha256`` sidecar included.
 """
 from __future__ import annotations
 
@@ -16,20 +18,27 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 
 from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE, AccountHook
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.hooks.dataset import DatasetS3Hook
 from ultracluster.operators.checkpoint import ResumeFromError, resolve_checkpoint
+from ultracluster.operators.dataset import dataset_object, read_sidecar
+from ultracluster.run import s3_access
 from ultracluster.run.errors import aws_error_code, is_transient
 from ultracluster.run.s3 import split_s3_uri
 
 
 def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: str, prices: dict[str, Any],
-                     log: Any, sse: Mapping[str, str] | None = None) -> list[str]:
+                     log: Any, sse: Mapping[str, str] | None = None, warnings: list[str] | None = None) -> list[str]:
     """Every problem AWS reports with the plan's S3 locations, key pair, instance types and quota.
     ``probe_name``: a file name unique to the run, written (with ``sse``, the deployment's encryption,
-    so a KMS key the role cannot use shows here) and deleted to prove write access."""
+    so a KMS key the role cannot use shows here) and deleted to prove write access. ``warnings``, when
+    given, gets what is worth a look but no failure (an unreadable checksum sidecar)."""
     s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
+    dataset = DatasetS3Hook(aws_conn_id=aws_conn_id, anonymous=plan.get("dataset_anonymous") is True)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
+    if s3.get_session().get_credentials() is None:  # before any request: an unsigned one would go out
+        return [f"AWS connection {aws_conn_id!r}: no AWS credentials found; nothing in the account could be checked"]
     try:
-        problems = unreadable(s3, "dataset_s3_uri", plan.get("dataset_s3_uri"))
+        problems = unreadable(dataset, "dataset_s3_uri", plan.get("dataset_s3_uri"), warnings)
         problems += unwritable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
         if plan.get("compile_cache_s3_uri"):
             problems += unwritable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
@@ -42,21 +51,51 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     return problems
 
 
-def unreadable(s3: Any, param: str, uri: str | None) -> list[str]:
+def unreadable(s3: DatasetS3Hook, param: str, uri: str | None, warnings: list[str] | None = None) -> list[str]:
+    """The object's HEAD, then its checksum sidecar: what download_data reads before downloading.
+    HeadObject answers a bare 404 for a missing bucket and a missing key alike; HeadBucket tells them
+    apart. A bucket the caller may not list (a public one) answers HeadBucket 403: never asked first."""
     try:
-        bucket, key = split_s3_uri(uri or "")
+        bucket, key = dataset_object(uri or "")
     except ValueError as err:
         return [f"{param}: {err}"]
     try:
-        if not s3.check_for_bucket(bucket):
-            return [f"{param}: bucket {bucket} does not exist (or is not visible to these credentials)"]
-        if s3.head_object(key, bucket) is None:
-            return [f"{param}: no object s3://{bucket}/{key}"]
+        s3.head(bucket, key)
     except ClientError as err:
         if is_transient(err):
             raise
-        return [f"{param}: s3://{bucket}/{key} is not readable: {aws_error_code(err) or err}"]
+        return [f"{param}: {_read_problem(s3, err, bucket, key)}"]
+    try:
+        _digest, note = read_sidecar(s3, bucket, key)
+    except ValueError as err:   # a sidecar without a digest: download_data would fail on it
+        return [f"{param}: {err}"]
+    except ClientError as err:
+        if is_transient(err):
+            raise
+        return [f"{param}: s3://{bucket}/{s3_access.sidecar_key(key)} is not readable: {aws_error_code(err) or err}"]
+    if note and warnings is not None:
+        warnings.append(f"{param}: {note}")
     return []
+
+
+def _read_problem(s3: DatasetS3Hook, err: ClientError, bucket: str, key: str) -> str:
+    found = s3_access.verdict(err)
+    if found == s3_access.DENIED:
+        return s3_access.denied_message(f"s3://{bucket}/{key}", anonymous=s3.anonymous)
+    if found == s3_access.MISSING:
+        return s3_access.missing_message(bucket, key, bucket_missing=_bucket_verdict(s3, bucket) == s3_access.MISSING)
+    return f"s3://{bucket}/{key} is not readable: {aws_error_code(err) or err}"
+
+
+def _bucket_verdict(s3: Any, bucket: str) -> str | None:
+    """HeadBucket's answer: None (there and visible), or ``s3_access.verdict`` of its error."""
+    try:
+        s3.get_conn().head_bucket(Bucket=bucket)
+    except ClientError as err:
+        if is_transient(err):
+            raise
+        return s3_access.verdict(err)
+    return None
 
 
 def unwritable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[str]:
@@ -66,8 +105,12 @@ def unwritable(s3: Any, param: str, uri: str | None, probe_name: str) -> list[st
         return [f"{param}: {err}"]
     key = "/".join(p for p in (prefix.strip("/"), "_preflight", probe_name) if p)
     try:
-        if not s3.check_for_bucket(bucket):
-            return [f"{param}: bucket {bucket} does not exist (or is not visible to these credentials)"]
+        found = _bucket_verdict(s3, bucket)
+        if found == s3_access.MISSING:
+            return [f"{param}: {s3_access.missing_message(bucket, bucket_missing=True)}"]
+        if found == s3_access.DENIED:
+            return [(f"{param}: bucket {bucket}: access denied (HTTP 403): the bucket exists, but these "
+                     "credentials may not use it (the pipeline writes here: it must be the deployment's own)")]
         s3.load_string("preflight write check", key, bucket, replace=True)
         s3.delete_objects(bucket, [key])
     except ClientError as err:

@@ -1,9 +1,13 @@
 """download_data: the dataset tar from S3 to the cluster's shared storage, unpacked and verified.
 
-The head node has curl but no AWS credentials: the worker makes a presigned GET URL with S3Hook
-(the aws connection's endpoint_url - moto locally - is inside the URL, so no endpoint in code) and
-the head node downloads it. The URL is a secret: it travels on curl's stdin (``--config -``), never
-in a command line, a log line or XCom.
+The head node has curl but no AWS credentials: the worker makes a presigned GET URL with
+``DatasetS3Hook`` (the aws connection's endpoint_url - moto locally - is inside the URL, so no endpoint
+in code) and the head node downloads it. The URL is a secret: it travels on curl's stdin (``--config
+-``), never in a command line, a log line or XCom. ``anonymous``: every request is unsigned, as ``aws
+s3 cp --no-sign-request`` (a public bucket in another account); the URL is then the object's own.
+
+Before the download: the tar's HEAD (403 is access denied, 404 missing: ``run.s3_access``), then its
+``.sha256`` sidecar, so a bad or unreadable sidecar is known before gigabytes move.
 
 Idempotent: a marker next to the data records the source URI, ETag and size; a rerun with a
 matching marker and enough files skips the download.
@@ -16,15 +20,18 @@ import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from botocore.exceptions import ClientError
 
 from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.dataset import DatasetS3Hook
 from ultracluster.hooks.head_node import HeadNodeHook
 from ultracluster.operators.remote_transfer import RemoteTransferMixin
 from ultracluster.parsers.files import parse_file_listing
+from ultracluster.run import s3_access
+from ultracluster.run.errors import is_transient
 from ultracluster.run.s3 import split_s3_uri
 
 if TYPE_CHECKING:
@@ -56,6 +63,26 @@ def dataset_dir_name(key: str) -> str:
     return name
 
 
+def read_sidecar(s3: DatasetS3Hook, bucket: str, key: str) -> tuple[str | None, str | None]:
+    """The tar's SHA-256 from its ``<key>.sha256`` sidecar: ``(digest, note)``. No sidecar (404):
+    ``(None, None)``; a 403: ``(None, note)``, the note for the log. A sidecar without a digest raises
+    ValueError; other errors raise as botocore raised them."""
+    name = s3_access.sidecar_key(key)
+    uri = f"s3://{bucket}/{name}"
+    try:
+        text = s3.get_bytes(bucket, name)
+    except ClientError as err:
+        if is_transient(err):
+            raise
+        found = s3_access.verdict(err)
+        if found == s3_access.MISSING:
+            return None, None
+        if found == s3_access.DENIED:
+            return None, s3_access.sidecar_denied_note(uri, anonymous=s3.anonymous)
+        raise
+    return s3_access.sidecar_digest(text, uri), None
+
+
 def marker_content(source_uri: str, etag: str, size: int, files: int) -> dict[str, Any]:
     return {"source": source_uri, "etag": etag, "size": int(size), "files": int(files)}
 
@@ -82,12 +109,13 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
     :param data_dir: shared-storage directory the tar is unpacked into; the files end up in
         ``<data_dir>/<tar name without .tar>/`` (or ``data_dir`` itself for a flat tar).
     :param aws_conn_id: connection for S3Hook (its endpoint_url is used locally).
+    :param anonymous: unsigned requests (``--no-sign-request``): a public bucket of another account.
     :param ssh_conn_id: SSH connection of the head node.
     :param expected_min_files: the unpacked data must hold at least this many matching files.
     :param file_pattern: glob of the training files.
     :return: ``{"data_dir": <directory holding the files>, "files": <count>, "skipped": bool}``
     """
-    template_fields: Sequence[str] = ("head_node", "dataset_s3_uri", "data_dir", "expected_min_files")
+    template_fields: Sequence[str] = ("head_node", "dataset_s3_uri", "data_dir", "expected_min_files", "anonymous")
     ui_color = "#fdebd0"
 
     def __init__(
@@ -97,6 +125,7 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         dataset_s3_uri: str,
         data_dir: str,
         aws_conn_id: str | None = "aws_default",
+        anonymous: bool | str = False,
         ssh_conn_id: str = DEFAULT_SSH_CONN_ID,
         expected_min_files: int | str = 1,
         file_pattern: str = "*_training_*.hdf5",
@@ -109,6 +138,7 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         self.dataset_s3_uri = dataset_s3_uri
         self.data_dir = data_dir
         self.aws_conn_id = aws_conn_id
+        self.anonymous = anonymous
         self.ssh_conn_id = ssh_conn_id
         self.expected_min_files = expected_min_files
         self.file_pattern = file_pattern
@@ -126,7 +156,36 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
             raise ValueError(f"expected_min_files must be an integer, got {self.expected_min_files!r}") from None
         if self.expected_min_files < 1:
             raise ValueError("expected_min_files must be >= 1")
+        if self.anonymous not in (True, False):  # a rendered template is a bool (native rendering)
+            raise ValueError(f"anonymous must be true or false, got {self.anonymous!r}")
         return bucket, key
+
+    def _head(self, s3: DatasetS3Hook, bucket: str, key: str) -> dict[str, Any]:
+        """The tar's HEAD; a 403 or 404 fails the task at once (no retry reads it either)."""
+        try:
+            return s3.head(bucket, key)
+        except ClientError as err:
+            found = s3_access.verdict(err)
+            if is_transient(err) or found == s3_access.OTHER:
+                raise
+            if found == s3_access.DENIED:
+                raise AirflowFailException(
+                    f"Dataset {s3_access.denied_message(self.dataset_s3_uri, anonymous=s3.anonymous)}") from None
+            raise AirflowFailException(f"Dataset {self.dataset_s3_uri} does not exist") from None
+
+    def _sidecar(self, s3: DatasetS3Hook, bucket: str, key: str) -> str | None:
+        try:
+            digest, note = read_sidecar(s3, bucket, key)
+        except ValueError as err:
+            raise AirflowFailException(str(err)) from None
+        if note:
+            self.log.warning("%s", note)
+        elif digest:
+            self.log.info("%s%s states SHA-256 %s", self.dataset_s3_uri, s3_access.SIDECAR_SUFFIX, digest)
+        else:
+            self.log.info("No %s%s: the download is checked by its size", self.dataset_s3_uri,
+                          s3_access.SIDECAR_SUFFIX)
+        return digest
 
     def _count(self, head_node: HeadNodeHook, directory: str) -> int:
         result = head_node.check(remote_commands.count_files(directory, self.file_pattern))
@@ -143,10 +202,8 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         bucket, key = self._validate()
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
-        head = s3.head_object(key=key, bucket_name=bucket)
-        if head is None:
-            raise AirflowException(f"Dataset {self.dataset_s3_uri} does not exist")
+        s3 = DatasetS3Hook(aws_conn_id=self.aws_conn_id, anonymous=self.anonymous)
+        head = self._head(s3, bucket, key)
         etag, size = str(head.get("ETag", "")).strip('"'), int(head["ContentLength"])
         head_node = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
         tar_name = posixpath.basename(key)
@@ -162,6 +219,7 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
                 return {"data_dir": directory, "files": count, "skipped": True}
             self.log.warning("Marker matches but only %d file(s) in %s: downloading again", count, directory)
 
+        digest = self._sidecar(s3, bucket, key)  # before the download: a bad sidecar fails first
         tar_path = posixpath.join(self.data_dir, tar_name)
         url = s3.generate_presigned_url(
             client_method="get_object", params={"Bucket": bucket, "Key": key}, expires_in=self.presigned_url_expiry
@@ -174,7 +232,7 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
         self.run_transfer(head_node, remote_commands.download_to_file(url, tar_path), pid_file,
                           timeout=self.transfer_timeout)
-        self._verify_tar(head_node, s3, bucket, key, tar_path, size)
+        self._verify_tar(head_node, tar_path, size, digest)
 
         head_node.check(remote_commands.unpack_tar(tar_path, self.data_dir), timeout=self.transfer_timeout)
         directory, count = self._dataset_dir(head_node, key)
@@ -197,20 +255,20 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         self.log.info("Dataset ready in %s: %d file(s)", directory, count)
         return {"data_dir": directory, "files": count, "skipped": False}
 
-    def _verify_tar(self, head_node: HeadNodeHook, s3, bucket: str, key: str, tar_path: str, size: int) -> None:
-        """Size always; SHA-256 too when a ``<key>.sha256`` object sits next to the tar."""
+    def _verify_tar(self, head_node: HeadNodeHook, tar_path: str, size: int, digest: str | None) -> None:
+        """Size always; SHA-256 too when the sidecar stated one (``digest``, read before the download)."""
         listing = head_node.check(remote_commands.list_files(posixpath.dirname(tar_path), max_depth=1)).stdout
         sizes = parse_file_listing(listing)
         got = sizes.get(posixpath.basename(tar_path))
         if got != size:
             raise AirflowException(f"Downloaded {tar_path} is {got} bytes, S3 says {size}")
-        if s3.check_for_key(f"{key}.sha256", bucket_name=bucket):
-            expected = s3.read_key(f"{key}.sha256", bucket_name=bucket).split()[0].lower()
+        if digest:
             actual = (
                 head_node.check(remote_commands.sha256_of(tar_path), timeout=self.transfer_timeout)
                 .stdout.split()[0]
                 .lower()
             )
-            if actual != expected:
-                raise AirflowException(f"SHA-256 of {tar_path} is {actual}, {key}.sha256 says {expected}")
-            self.log.info("SHA-256 of the tar matches %s.sha256", key)
+            if actual != digest:
+                raise AirflowException(f"SHA-256 of {tar_path} is {actual}, {self.dataset_s3_uri}"
+                                       f"{s3_access.SIDECAR_SUFFIX} says {digest}")
+            self.log.info("SHA-256 of the tar matches %s%s", self.dataset_s3_uri, s3_access.SIDECAR_SUFFIX)

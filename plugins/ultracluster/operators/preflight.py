@@ -4,7 +4,8 @@ It fixes the run's plan (the params with its sweep point applied; every later ta
 checks the cross-field rules once, the tags, and what AWS can tell (``account_checks``: the dataset
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
 id, the Trn vCPU quota; a bucket without a public access block is a warning), estimates the cost
-and enforces ``max_cost_usd``. Every problem found goes into one error naming each param; such
+and enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
+node's boot against ParallelCluster's bootstrap timeout, a warning at 70 % of it (``run.boot_time``). Every problem found goes into one error naming each param; such
 failures are the conf's own and fail the task at once, without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
+from ultracluster.run import boot_time
 from ultracluster.run.cost import PriceError, estimate, load_prices
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.plan import plan_problems, run_plan
@@ -31,15 +33,18 @@ if TYPE_CHECKING:
 
 class PreflightOperator(BaseOperator):
     """
-    Return ``{"plan": {...}, "estimate": {...}, "warnings": [...]}`` (docs/contracts.md, "Scaling
-    sweeps"); ``warnings``: what preflight found worth a look but not a failure (a bucket that does not
-    block public access), also in the task log.
+    Return ``{"plan": {...}, "estimate": {...}, "boot": {...} | None, "warnings": [...]}``
+    (docs/contracts.md, "Scaling sweeps"); ``warnings``: what preflight found worth a look but not a
+    failure (a bucket that does not block public access, an unreadable checksum sidecar, a node boot
+    near its timeout), also in the task log; ``boot``: ``run.boot_time.estimate`` (None: not estimated).
 
     :param schedule_period: the DAG's tick length; a backfilled sweep run picks its point from
         the tick index of its logical date.
     :param artifacts_s3_uri: where a sweep run is indexed (``sweeps/<dag_id>/<sweep_id>/runs/``).
     :param s3_encryption: server-side encryption of the write probe and the sweep index
         (``s3_encryption.sse_args``; None: SSE-S3).
+    :param estimate_boot_time: estimate a compute node's boot (the production profile's
+        ``estimate_boot_time``; the local cluster's nodes boot in seconds and are not estimated).
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -47,13 +52,14 @@ class PreflightOperator(BaseOperator):
 
     def __init__(self, *, schedule_period: timedelta, artifacts_s3_uri: str, max_cost_usd: Any = None,
                  aws_conn_id: str | None = "aws_default", s3_encryption: Mapping[str, str] | None = None,
-                 **kwargs: Any) -> None:
+                 estimate_boot_time: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.s3_encryption = check_sse(s3_encryption)
         self.schedule_period = schedule_period
         self.artifacts_s3_uri = artifacts_s3_uri
         self.max_cost_usd = max_cost_usd
         self.aws_conn_id = aws_conn_id
+        self.estimate_boot_time = estimate_boot_time
 
     def execute(self, context: Context) -> dict[str, Any]:
         try:
@@ -70,8 +76,9 @@ class PreflightOperator(BaseOperator):
             raise AirflowFailException(f"cost estimate: {err}") from None
         problems = plan_problems(plan)
         problems += tag_problems(plan.get("extra_tags"))
+        warnings: list[str] = []
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
-                                     self.log, sse=self.s3_encryption)
+                                     self.log, sse=self.s3_encryption, warnings=warnings)
         if problems:
             raise AirflowFailException(f"preflight found {len(problems)} problem{'s' * (len(problems) != 1)}, "
                                        "nothing was created:\n- " + "\n- ".join(problems))
@@ -86,12 +93,27 @@ class PreflightOperator(BaseOperator):
                 f"max_cost_usd: the estimate ${expected['usd']:.2f} exceeds the limit ${limit:.2f}; "
                 "lower num_nodes or steps_this_run, or raise max_cost_usd"
             )
-        warnings = public_access_warnings(plan, self.aws_conn_id)
+        warnings += public_access_warnings(plan, self.aws_conn_id)
+        boot = self._boot(plan, warnings) if self.estimate_boot_time else None
         for warning in warnings:
             self.log.warning("%s", warning)
         if point:
             self._index(context, plan, expected)
-        return {"plan": plan, "estimate": expected, "warnings": warnings}
+        return {"plan": plan, "estimate": expected, "boot": boot, "warnings": warnings}
+
+    def _boot(self, plan: dict, warnings: list[str]) -> dict:
+        """A compute node's boot time against the bootstrap timeout; a warning at 70 % or more."""
+        try:
+            table = boot_time.load_boot_steps()
+        except boot_time.BootTableError as err:
+            raise AirflowFailException(f"boot time estimate: {err}") from None
+        boot = boot_time.estimate(table, instance_type=plan["instance_type"], prebuilt=bool(plan.get("custom_ami")),
+                                  nodes=boot_time.nodes_at_once(plan["num_nodes"], plan.get("min_nodes") or 0))
+        self.log.info("Preflight %s (table: %s)", boot_time.describe(boot), table["file"])
+        warning = boot_time.boot_warning(boot, table["warn_at_share"]["value"])
+        if warning:
+            warnings.append(warning)
+        return boot
 
     def _max_cost(self) -> float | None:
         if self.max_cost_usd in (None, "", "None"):
