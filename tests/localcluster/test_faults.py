@@ -118,6 +118,13 @@ def raw_cmdline(pid: str) -> bytes:
         return b""   # exited meanwhile
 
 
+def uts_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/uts").st_ino
+    except OSError:
+        return None
+
+
 def running(pid: str) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -143,6 +150,10 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     hook.client = None
     wait_for(lambda: not ssh_reachable(cluster), 60, "sshd to go away", interval=0.2)
     assert any("sleep 300" in p for p in processes_in_uts_of(cluster, "sshd"))
+    # This cluster's sleep only: another test's cluster may run one too (`make test` runs two at once).
+    uts = json.loads((cluster.dir / "run" / "daemons.json").read_text())["sshd"]["uts_ns"]
+    left_behind = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+                   if b"sleep\x00300" in raw_cmdline(pid) and uts_of(pid) == uts]
     with pytest.raises(OSError):   # paramiko NoValidConnectionsError: connection refused
         hook.get_conn()
     wait_for(lambda: ssh_reachable(cluster), 60, "sshd to come back", interval=0.2)
@@ -154,8 +165,7 @@ def test_ssh_outage_stops_and_restarts_sshd_with_the_same_host_key(uc_home: UcHo
     agent_log = (cluster.dir / "log" / "agent.log").read_text()
     assert "sshd" in agent_log and "restarted" in agent_log
 
-    left_behind = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if b"sleep\x00300" in raw_cmdline(pid)]
-    assert left_behind
+    assert left_behind and all(running(pid) for pid in left_behind)
     cluster.teardown()
     assert_cluster_gone(cluster)
     assert not any(running(pid) for pid in left_behind)   # swept with the old namespace

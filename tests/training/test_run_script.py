@@ -180,7 +180,7 @@ def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tm
     validate_results(results)
     params = results["results"]["parameters"]
     assert params["World size"] == 2 and params["Number of nodes"] == 2
-    assert params["Auto resume"] == {"resumes": 0, "steps_lost": 0, "history": []}
+    assert params["Auto resume"] == {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}}
     assert params["Gradient accumulation microsteps"] == 1 and params["Global batch size"] == 16
     assert not [k for k in params["Environment variables"] if k.startswith(("FI_", "NEURON_"))]  # not Trn1
     assert metric_values(results, "Sequences processed") == [16 * 40]

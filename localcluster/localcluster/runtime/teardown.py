@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import accounting
@@ -61,10 +62,20 @@ def stop_cluster_processes(paths: ClusterPaths) -> list[str]:
             stopped += [f"slurmd {node.name}[{p}]" for p in kill_pids([node.pid])]
         write_node_state(paths, NodeState(name=node.name, state="stopped"))
     # Sweep: job steps and ssh sessions live in the nodes' namespaces; booters and helpers name the dir.
-    for _ in range(3):
-        leftovers = set(pids_in_namespaces(namespaces, paths.hosts_file)) | set(pids_mentioning(str(paths.root)))
+    return stopped + sweep(lambda: set(pids_in_namespaces(namespaces, paths.hosts_file))
+                           | set(pids_mentioning(str(paths.root))))
+
+
+def sweep(find: Callable[[], set[int]], rounds: int = 6, quiet_s: float = 0.3) -> list[str]:
+    """Kill what ``find`` returns until it finds nothing twice, ``quiet_s`` apart: a process killed
+    mid-way (a node's booter) may have started a child (its scontrol) that the last look missed."""
+    stopped: list[str] = []
+    for _ in range(rounds):
+        leftovers = find()
         if not leftovers:
-            break
+            time.sleep(quiet_s)
+            if not (leftovers := find()):
+                break
         stopped += [f"process[{p}]" for p in kill_pids(sorted(leftovers), grace=1.0)]
     return stopped
 
@@ -126,8 +137,7 @@ def stop_everything(home: Path) -> list[str]:
             stopped += [f"{cluster_dir.name}: {s}" for s in stop_cluster_processes(paths)]
             shutil.rmtree(paths.short_run, ignore_errors=True)
     stopped += accounting.stop_mariadb(home)
-    leftovers = pids_mentioning(str(home))
-    stopped += [f"process[{p}]" for p in kill_pids(leftovers)]
+    stopped += sweep(lambda: set(pids_mentioning(str(home))))
     return stopped
 
 
