@@ -1,9 +1,9 @@
 """The node health gate against a REAL local UltraCluster: SlurmJobOperator runs the train job with the
 gate on 2 static nodes (real sbatch and srun), the twin's neuron-ls and fi_info stand-ins at their real
-paths. Healthy, the tiny BERT trains and results.json holds each node's checks. With the twin's
-`efa-unhealthy` fault on one node (its instance only), the gate fails before training, the task drains
-that node over SSH with the check's reason, the twin's clustermgtd replaces it (a new instance), and
-the resubmitted job completes: one node lost. With `neuron-unhealthy` bound to a node for good
+paths. With the twin's `efa-unhealthy` fault on one node (its instance only), the gate fails before
+training, the task drains that node over SSH with the check's reason, the twin's clustermgtd replaces
+it (a new instance), and the resubmitted job passes the gate on both nodes, trains, and results.json
+holds each node's checks: one node lost. With `neuron-unhealthy` bound to a node for good
 (`NODE:always`), the replacement fails the gate again and the task fails naming the node, lost twice.
 
 Run (root; about 3 minutes): .venvs/airflow/bin/python -m pytest -q tests/integration/test_health_gate_slurm.py
@@ -68,23 +68,13 @@ def train(cluster, run_id: str, auto_resume_attempts: int = 2):
     return op.execute({"ti": ti, "task_state_store": Store()})
 
 
-def test_the_gate_records_healthy_nodes_and_drains_an_unhealthy_one_until_it_is_replaced(cluster, capsys):
+def test_the_gate_drains_an_unhealthy_node_until_it_is_replaced_then_records_both(cluster, capsys):
     from airflow.sdk.exceptions import AirflowFailException
 
     from tests.training.support import validate_results
 
-    result = train(cluster, "gate-well")
-    assert result["state"] == "COMPLETED"
-    assert result["node_health"]["healthy"] and sorted(result["node_health"]["nodes"]) == cluster.nodes
-    results = json.loads((cluster.fsx / result["results_path"].removeprefix("/fsx/")).read_text())
-    validate_results(results)
-    section = results["results"]["parameters"]["Node health"]
-    assert section["instance_type"] == "trn1.32xlarge"
-    assert sorted((n["node"], n["checks"]["neuron"]["found"], n["checks"]["efa"]["found"]) for n in section["nodes"]) \
-        == sorted((node, 16, 8) for node in cluster.nodes)
-    capsys.readouterr()
-
-    # One EFA device missing on one node's instance: drained, replaced, and the job resubmitted.
+    # One EFA device missing on one node's instance: drained, replaced, and the job resubmitted; on
+    # the new instance both nodes pass, and results.json holds each node's checks.
     sick, well = cluster.nodes
     fault(cluster, "efa-unhealthy", sick)
     result = train(cluster, "gate-replaced")
@@ -92,9 +82,16 @@ def test_the_gate_records_healthy_nodes_and_drains_an_unhealthy_one_until_it_is_
     reason = "UC health check failed: efa (found 7 of 8 devices)"
     assert f"Drained {sick}: {reason}" in out and f"  {well}: healthy [efa=8, neuron=16]" in out
     assert result["state"] == "COMPLETED" and result["node_health"]["healthy"], result
+    assert sorted(result["node_health"]["nodes"]) == cluster.nodes
     assert result["auto_resume"]["nodes_lost"] == {sick: 1}, result["auto_resume"]
     [resume] = result["auto_resume"]["history"]
     assert resume["job_id"] == result["job_id"] != resume["failed_job_id"]
+    results = json.loads((cluster.fsx / result["results_path"].removeprefix("/fsx/")).read_text())
+    validate_results(results)
+    section = results["results"]["parameters"]["Node health"]
+    assert section["instance_type"] == "trn1.32xlarge"
+    assert sorted((n["node"], n["checks"]["neuron"]["found"], n["checks"]["efa"]["found"]) for n in section["nodes"]) \
+        == sorted((node, 16, 8) for node in cluster.nodes)
     log = slurmctld_log(cluster)
     assert f"update_node: node {sick} reason set to: {reason}" in log, log[-3000:]
     assert f"update_node: node {well} reason set to: UC" not in log

@@ -73,3 +73,14 @@ def test_other_nodes_that_can_run_the_job_keep_the_wait_ready():
     nodes = sinfo("down#|n1|(Code:InsufficientInstanceCapacity)Failure when resuming nodes", "idle~|n2|none")
     assert judge_capacity(partition_capacity(nodes, None, 1), lost).verdict == READY
     assert lost.counts == {"n1": 1}  # counted all the same
+
+
+def test_a_node_the_task_lost_is_waited_for_whatever_its_reason_says():
+    lost = LostNodes(limit=1)
+    lost.fault("7", {"n1": "drained: UC health check failed: neuron (found 15 of 16 devices)"})
+    drained = sinfo("drained|n1|UC health check failed: neuron (found 15 of 16 devices)", "idle|n2|none")
+    verdict, reason, _ = judge_capacity(partition_capacity(drained, None, 2), lost)
+    assert (verdict, reason) == (PENDING, "nodes_replacing")
+    # Another task's drained node is not this one's to wait for.
+    verdict, reason, _ = judge_capacity(partition_capacity(drained, None, 2), LostNodes(limit=1))
+    assert (verdict, reason) == (FAILED, "not_enough_nodes")

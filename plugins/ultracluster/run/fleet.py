@@ -137,7 +137,9 @@ def judge_capacity(capacity: PartitionCapacity, lost: LostNodes | None = None) -
         return Judgement(READY, "ready", capacity.describe())
     if capacity.failed and lost.past:
         return Judgement(FAILED, "node_lost", f"{lost.failure()}. {capacity.describe()}")
-    replacing = lost.replacing(capacity.failed)
+    # Nodes the task lost (drained by the health gate, down after a node fault) are being replaced
+    # whatever Slurm's reason says meanwhile.
+    replacing = lost.replacing([*capacity.failed, *(n for n in capacity.unusable if n in lost.failing)])
     if not capacity.partition_up or capacity.available + len(capacity.busy) + len(replacing) < capacity.wanted:
         return Judgement(FAILED, "not_enough_nodes", "Not enough usable nodes: " + capacity.describe())
     if replacing:
