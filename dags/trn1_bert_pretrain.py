@@ -128,6 +128,10 @@ with DAG(
         s3_encryption=S3_ENCRYPTION,
         # A compute node's boot against the bootstrap timeout (production; local nodes boot in seconds).
         estimate_boot_time=PROFILE.get("estimate_boot_time") is True,
+        # A capacity reservation must start before the fleet wait gives up on the nodes.
+        reservation_lead_s=PROFILE["fleet_timeout_s"],
+        # Where this deployment's workers reach head nodes from: a run's ssh_allowed_cidr, if empty.
+        default_ssh_allowed_cidr=PROFILE.get("head_node_ssh_cidr") or None,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -161,6 +165,11 @@ with DAG(
         min_nodes="{{ plan(ti).min_nodes }}",
         max_nodes="{{ plan(ti).max_nodes }}",
         extra_queues="{{ params.extra_queues }}",
+        capacity_type="{{ params.capacity_type }}",
+        capacity_reservation_id="{{ params.capacity_reservation_id }}",
+        capacity_reservation_resource_group_arn="{{ params.capacity_reservation_resource_group_arn }}",
+        ssh_allowed_cidr="{{ plan(ti).ssh_allowed_cidr }}",  # the run's, else the deployment's
+        allow_world_ssh="{{ params.allow_world_ssh }}",
         shared_storage_mount_dir="{{ params.shared_storage_mount_dir }}",
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
         artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
@@ -170,6 +179,7 @@ with DAG(
         resource_ttl_hours="{{ params.resource_ttl_hours }}",
         aws_conn_id=AWS_CONN_ID,
         s3_encryption=S3_ENCRYPTION,
+        permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
         # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
         pcluster_conn_id=PCLUSTER_CONN_ID,
     )

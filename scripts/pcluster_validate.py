@@ -11,11 +11,15 @@ It does what `pcluster create-cluster` does before its first AWS call: the confi
 cluster_name=...).load(...)`` (``pcluster.models.cluster.Cluster._load_config``): every key, type,
 enum, range and the schema's own cross-field checks. The semantic validators that follow in the CLI
 (``config.validate()``: subnets, instance types, AMIs, buckets) call AWS and are not run. Any AWS
-call attempted all the same is refused and reported, so this can never reach an account.
+call attempted all the same is refused and reported, so this can never reach an account. The refusal is
+a botocore ClientError, as an unreachable AWS would give: the one call the schema's load makes on its
+own, ``SlurmClusterConfig``'s cache of the capacity reservations the config names (their
+``DescribeCapacityReservations``, a group's ``ListGroupResources``), tolerates it as it tolerates a
+missing permission.
 
 Prints one JSON object and exits 0 when the config is valid, 1 when it is not:
 ``{"valid", "pclusterVersion", "clusterName", "errors": [{"path", "message"}],
-"configSchemaValidator": <the message pcluster would print>, "awsCalls": [...]}``. Given several
+"configSchemaValidator": <the message pcluster would print>, "awsCalls": [<the refused calls>]}``. Given several
 files it prints a JSON list of those, in order (one interpreter start: the package takes seconds to
 import), and exits 1 when any is invalid.
 """
@@ -45,11 +49,13 @@ def _flatten(messages: Any, path: str = "") -> list[dict[str, str]]:
 def _refuse_aws_calls(attempted: list[str]) -> None:
     """Make every botocore API call fail at once (and record it): the check must stay offline."""
     import botocore.client
+    from botocore.exceptions import ClientError
 
     def refuse(client: Any, operation_name: str, api_params: Any) -> Any:
         name = f"{client.meta.service_model.service_name}:{operation_name}"
         attempted.append(name)
-        raise RuntimeError(f"offline schema check: AWS call {name} refused")
+        raise ClientError({"Error": {"Code": "OfflineSchemaCheck",
+                                     "Message": f"offline schema check: AWS call {name} refused"}}, operation_name)
 
     botocore.client.BaseClient._make_api_call = refuse  # type: ignore[method-assign]
 
@@ -74,12 +80,12 @@ def validate(config_text: str, cluster_name: str) -> dict[str, Any]:
         messages = err.messages
         result["configSchemaValidator"] = str(sorted(messages.items()) if isinstance(messages, dict) else err)
         result["errors"] = _flatten(messages)
-    except Exception as err:  # parse_config's BadRequest, or a refused AWS call
+    except Exception as err:  # parse_config's BadRequest, or a refused AWS call the load did not tolerate
         result["errors"] = [{"path": "<root>", "message": f"{type(err).__name__}: {err}"}]
+        if attempted:
+            result["errors"].append({"path": "<root>", "message": f"AWS calls attempted: {attempted}"})
     else:
-        result["valid"] = not attempted
-    if attempted:
-        result["errors"].append({"path": "<root>", "message": f"AWS calls attempted: {attempted}"})
+        result["valid"] = True
     return result
 
 

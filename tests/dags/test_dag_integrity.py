@@ -298,6 +298,23 @@ def test_render_config_dry_runs_with_pcluster_creates_settings(dag):
     assert render_config.suppress_validators == pcluster_create.suppress_validators
 
 
+def test_capacity_and_ssh_reach_render_config_and_preflight(dag):
+    """The capacity params and the head node's SSH CIDR are rendered from the params; a reservation must
+    start before the fleet wait would give up (the profile's fleet_timeout_s)."""
+    from ultracluster.run.profiles import load_profile
+
+    render = dag.get_task("render_config")
+    for name in ("capacity_type", "capacity_reservation_id", "capacity_reservation_resource_group_arn",
+                 "allow_world_ssh"):
+        assert getattr(render, name) == "{{ params.%s }}" % name, name
+        assert name in render.template_fields
+    # The run's CIDR, else the deployment's: preflight puts the one to render into the plan.
+    assert render.ssh_allowed_cidr == "{{ plan(ti).ssh_allowed_cidr }}" and "ssh_allowed_cidr" in render.template_fields
+    profile, preflight = load_profile(), dag.get_task("preflight")
+    assert preflight.reservation_lead_s == profile["fleet_timeout_s"]
+    assert preflight.default_ssh_allowed_cidr == (profile["head_node_ssh_cidr"] or None)
+
+
 @pytest.mark.parametrize("profile", ["production", "local"])
 def test_each_profile_parses_and_its_defaults_validate(profile):
     code = (

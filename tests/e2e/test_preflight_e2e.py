@@ -20,6 +20,10 @@ BAD_CONFS = {
     "aws tag": ({"extra_tags": {"aws:team": "ml"}}, "extra_tags: key 'aws:team' uses a reserved prefix"),
     "AZ offering": ({"availability_zone_id": "use1-az1"},
                     "instance_type: trn1.32xlarge is not offered in availability zone id use1-az1"),
+    "world SSH": ({"ssh_allowed_cidr": "0.0.0.0/0"},
+                  "ssh_allowed_cidr: 0.0.0.0/0 opens the head node's SSH (port 22) to the whole internet"),
+    "reservation": ({"capacity_reservation_id": "cr-0000000000000000b"},
+                    "capacity_reservation_id: cr-0000000000000000b: no such capacity reservation"),
 }
 
 

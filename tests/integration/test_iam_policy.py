@@ -1,5 +1,8 @@
 """The least-privilege policies (include/cluster/iam/, docs/operations.md "Least privilege"): their shape,
-the small evaluator the end-to-end test judges the recorded calls with, and the call recorder itself."""
+the boundary condition on every role the pcluster role may create, the CloudFormation template that
+creates both roles, the small evaluator the end-to-end test judges the recorded calls with, and the
+call recorder itself. tests/integration/test_pcluster_role_policy.py derives the pcluster role's
+policy from ParallelCluster's own stack."""
 from __future__ import annotations
 
 import json
@@ -10,11 +13,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.iam_policy import AIRFLOW_POLICY, PLACEHOLDER, POLICY_DIR, denials, is_allowed, render_policy, requests_of
+from tests.iam_policy import (
+    AIRFLOW_POLICY,
+    BOUNDARY_POLICY,
+    PCLUSTER_POLICY,
+    PLACEHOLDER,
+    POLICY_DIR,
+    allowing,
+    denials,
+    is_allowed,
+    reference_problems,
+    render_policy,
+    requests_of,
+    statements,
+    uncovered_actions,
+)
 from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[2]
-PCLUSTER_POLICY = POLICY_DIR / "pcluster-user-policy.json"
+BOUNDARY_ARN = "arn:aws:iam::<account-id>:policy/ultracluster-pcluster-boundary"
+# The role-writing actions IAM judges with iam:PermissionsBoundary: each needs the condition.
+BOUNDED_ACTIONS = ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:AttachRolePolicy",
+                   "iam:DetachRolePolicy")
 VALUES = {"region": "us-east-1", "account-id": "123456789012", "dataset-bucket": "neuron-s3",
           "dataset-key": "training_datasets/bert.tar", "artifacts-bucket": "uc-artifacts", "artifacts-prefix": "runs",
           "compile-cache-bucket": "uc-cache", "compile-cache-prefix": "neuron",
@@ -32,13 +52,18 @@ def call(service: str, operation: str, **params) -> dict:
 
 # --- shape ---------------------------------------------------------------------------------------
 
-def test_the_airflow_policy_has_iams_shape_and_no_wildcard_grants():
-    document = json.loads(AIRFLOW_POLICY.read_text())
+def _shape(document: dict) -> None:
     assert set(document) == {"Version", "Statement"} and document["Version"] == "2012-10-17"
     sids = [s["Sid"] for s in document["Statement"]]
     assert len(sids) == len(set(sids)) and all(sid.isalnum() for sid in sids)  # IAM: Sid is [A-Za-z0-9]
     for statement in document["Statement"]:
         assert set(statement) <= {"Sid", "Effect", "Action", "Resource", "Condition"}, statement["Sid"]
+
+
+def test_the_airflow_policy_has_iams_shape_and_no_wildcard_grants():
+    document = json.loads(AIRFLOW_POLICY.read_text())
+    _shape(document)
+    for statement in document["Statement"]:
         assert statement["Effect"] == "Allow"
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         # Every action named: no "*", no "service:*", no "service:Describe*" style families.
@@ -54,23 +79,111 @@ def test_the_airflow_policy_has_iams_shape_and_no_wildcard_grants():
 
 def test_every_placeholder_is_explained_in_the_docs():
     doc = (REPO / "docs" / "operations.md").read_text()
-    used = set(PLACEHOLDER.findall(AIRFLOW_POLICY.read_text())) | set(PLACEHOLDER.findall(PCLUSTER_POLICY.read_text()))
+    used = {p for path in (AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY)
+            for p in PLACEHOLDER.findall(path.read_text())}
     assert used >= {"<region>", "<account-id>", "<artifacts-bucket>", "<artifacts-prefix>"}
     assert [p for p in sorted(used) if f"`{p}`" not in doc] == []
     with pytest.raises(ValueError, match="no value for <account-id>"):
         render_policy(AIRFLOW_POLICY.read_text(), {k: v for k, v in VALUES.items() if k != "account-id"})
 
 
-def test_the_pcluster_policy_is_parallelclusters_documented_user_policy():
+def test_the_pcluster_role_policy_has_iams_shape_and_no_service_wide_grants():
     document = json.loads(PCLUSTER_POLICY.read_text())
-    assert document["Version"] == "2012-10-17"
-    by_sid = {s["Sid"]: s for s in document["Statement"]}
-    # Base user policy, FSx for Lustre additions, and the cluster's own roles (privileged IAM mode,
-    # scoped to role/parallelcluster/*): pcluster creates its instance roles and passes them to EC2.
-    assert {"EC2Read", "EC2Write", "CloudFormation", "IamPassRole", "FSx", "IamCreateRole"} <= set(by_sid)
-    assert by_sid["IamPassRole"]["Resource"] == ["arn:aws:iam::<account-id>:role/parallelcluster/*"]
-    assert "iam:PassedToService" in json.dumps(by_sid["IamPassRole"]["Condition"])
-    render_policy(PCLUSTER_POLICY.read_text(), VALUES)
+    _shape(document)
+    for statement in document["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        # No "*", no "service:*" (the old policy's cloudformation:*, fsx:*, s3:*); ec2:Describe* is the one family.
+        assert all(":" in a and (a == "ec2:Describe*" or "*" not in a) for a in actions), statement["Sid"]
+        resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        if "*" in resources and statement["Effect"] == "Allow":
+            assert resources == ["*"] and "NoResourceLevelPermissions" in statement["Sid"], statement["Sid"]
+        else:
+            assert all(r.startswith("arn:aws:") for r in resources if r != "*"), statement["Sid"]
+    # IAM's size limits, without whitespace: a role's inline policies 10,240 characters, a managed policy 6,144.
+    assert len(json.dumps(render_policy(PCLUSTER_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 10240
+    _shape(json.loads(BOUNDARY_POLICY.read_text()))
+    assert len(json.dumps(render_policy(BOUNDARY_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
+
+
+@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY], ids=lambda p: p.stem)
+def test_every_action_exists_takes_its_resources_and_its_condition_keys(path):
+    """Against IAM's Service Authorization Reference: no unknown action, no action that has no
+    resource-level permissions under named resources (never matched: denied in production), no
+    condition key the action does not take."""
+    assert reference_problems(render_policy(path.read_text(), VALUES)) == []
+    # What it catches: the documented fsx:* on file systems never grants fsx:DescribeFileSystems.
+    scoped = {"Statement": [{"Sid": "FSx", "Effect": "Allow", "Action": ["fsx:DescribeFileSystems", "fsx:Bogus"],
+                             "Resource": ["arn:aws:fsx:us-east-1:123456789012:file-system/*"],
+                             "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}}]}
+    assert reference_problems(scoped) == [
+        "FSx: fsx:DescribeFileSystems has no resource-level permissions: its Resource must be *",
+        "FSx: fsx:DescribeFileSystems takes no condition key iam:PassedToService",
+        "FSx: fsx:Bogus: no such action"]
+
+
+def test_every_statement_that_writes_a_role_demands_the_boundary():
+    """iam:CreateRole (and putting or attaching a policy to a role) is impossible without the boundary."""
+    document = json.loads(PCLUSTER_POLICY.read_text())
+    for action in BOUNDED_ACTIONS:
+        found = allowing(document, action)
+        assert found, f"{action}: the stack's roles need it"
+        for statement in found:
+            assert statement["Condition"]["StringEquals"]["iam:PermissionsBoundary"] == BOUNDARY_ARN, statement["Sid"]
+            assert statement["Resource"] == ["arn:aws:iam::<account-id>:role/parallelcluster/*"], statement["Sid"]
+    # Attaching: only the managed policies the stack attaches.
+    for statement in allowing(document, "iam:AttachRolePolicy"):
+        assert all(arn.startswith("arn:aws:iam::aws:policy/") and "*" not in arn
+                   for arn in statement["Condition"]["ArnLike"]["iam:PolicyARN"])
+    # Moving the boundary away, or rewriting it, is denied outright.
+    denied = [s for s in statements(document) if s["Effect"] == "Deny"]
+    assert uncovered_actions({"Statement": [dict(s, Effect="Allow") for s in denied]},
+                             ["iam:PutRolePermissionsBoundary", "iam:DeleteRolePermissionsBoundary",
+                              "iam:CreatePolicyVersion", "iam:SetDefaultPolicyVersion"]) == []
+    # Nothing else of IAM that could make a principal or a key.
+    granted = {a for s in statements(document) if s["Effect"] == "Allow" for a in s["Action"]}
+    assert {a for a in granted if a.startswith("iam:")} <= {
+        *BOUNDED_ACTIONS, "iam:DeleteRole", "iam:TagRole", "iam:UntagRole", "iam:GetRole", "iam:GetRolePolicy",
+        "iam:ListRolePolicies", "iam:ListAttachedRolePolicies", "iam:GetInstanceProfile", "iam:CreateInstanceProfile",
+        "iam:DeleteInstanceProfile", "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+        "iam:PassRole", "iam:CreateServiceLinkedRole", "iam:GetPolicy"}
+
+
+def test_a_role_without_the_boundary_cannot_be_created():
+    """The condition, evaluated: CreateRole with the boundary is allowed, without it (or another) not."""
+    document = render_policy(PCLUSTER_POLICY.read_text(), VALUES)
+    boundary = BOUNDARY_ARN.replace("<account-id>", VALUES["account-id"])
+    [statement] = allowing(document, "iam:CreateRole")
+    condition = statement["Condition"]["StringEquals"]["iam:PermissionsBoundary"]
+    assert condition == boundary
+    assert condition != "" and condition != f"arn:aws:iam::{VALUES['account-id']}:policy/AdministratorAccess"
+    # The PassRole statement passes the cluster's roles to EC2 and Lambda only.
+    [passing] = allowing(document, "iam:PassRole")
+    assert passing["Condition"] == {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com",
+                                                                              "lambda.amazonaws.com"]}}
+
+
+def test_the_airflow_role_may_assume_the_pcluster_role_and_nothing_else_of_iam(policy):
+    assert is_allowed(policy, "sts:AssumeRole", "arn:aws:iam::123456789012:role/ultracluster-pcluster")
+    assert not is_allowed(policy, "sts:AssumeRole", "arn:aws:iam::123456789012:role/other")
+    assert not any(a.startswith("iam:") for s in statements(policy) for a in s["Action"])
+
+
+def test_the_cloudformation_template_creates_both_roles_from_the_policy_files():
+    from cfnlint.api import lint_all
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "iam_roles_template.py"), "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = (POLICY_DIR / "roles.cfn.json").read_text()
+    template = json.loads(text)
+    roles = {r["Properties"]["RoleName"]: r["Properties"] for r in template["Resources"].values()
+             if r["Type"] == "AWS::IAM::Role"}
+    assert set(roles) == {"ultracluster-airflow", "ultracluster-pcluster"}
+    trust = roles["ultracluster-pcluster"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust == [{"Effect": "Allow", "Principal": {"AWS": {"Fn::GetAtt": ["AirflowRole", "Arn"]}},
+                      "Action": "sts:AssumeRole"}]
+    assert "Fn::Sub" in json.dumps(template) and "<" not in text  # every placeholder became a parameter
+    assert [str(m) for m in lint_all(text) if m.rule.id[0] in "EW"] == []  # errors and warnings; not I(nfo)
 
 
 # --- the evaluator -------------------------------------------------------------------------------

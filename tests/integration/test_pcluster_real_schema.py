@@ -7,7 +7,9 @@ project's own code (RenderClusterConfigOperator.build_context + render_cluster_c
 changes are checked here as they land. Where the venv is missing: a failure under CI, else a skip.
 
 The last tests run the real `pcluster create-cluster --dryrun true` against a moto server
-(docs/operations.md, "The real ParallelCluster against moto").
+(docs/operations.md, "The real ParallelCluster in the tests"), every capacity variant included: the
+tests' moto answers capacity reservations (tests/fixtures/moto_capacity.py); the validators it cannot
+answer are suppressed per variant, each logged with its reason (``CAPACITY_MOTO_GAPS``).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.form import IMAGE_OS
 from ultracluster.run.profiles import include_dir, load_profile
 from ultracluster.run.s3 import profile_sse
+from ultracluster.run.ssh_access import effective_cidr
 
 REPO = Path(__file__).resolve().parents[2]
 PCLUSTER_BIN = REPO / ".venvs" / "pcluster" / "bin"
@@ -70,9 +73,10 @@ def real_schema(python: Path, texts: dict[str, str], tmp_path: Path) -> dict[str
     assert done.returncode in (0, 1), done.stderr
     results = json.loads(done.stdout)
     results = results if isinstance(results, list) else [results]
-    for result in results:
+    for name, result in zip(texts, results):
         assert result["pclusterVersion"] == "3.16.1"
-        assert result["awsCalls"] == []  # offline
+        # Offline: the only call the load makes (its reservation cache) is refused and tolerated.
+        assert result["awsCalls"] == LOAD_CALLS.get(name.split("_", 1)[1], []), name
     return dict(zip(texts, results))
 
 
@@ -81,6 +85,8 @@ def render(params: dict, network: dict | None = None, **overrides) -> str:
     accepted = inspect.signature(RenderClusterConfigOperator.__init__).parameters
     kwargs = {key: value for key, value in params.items() if key in accepted}
     kwargs["s3_encryption"] = profile_sse(params)  # the profile's mode name as S3 request parameters
+    # As preflight puts it into the plan: the run's CIDR, else the deployment's.
+    kwargs["ssh_allowed_cidr"] = effective_cidr(params.get("ssh_allowed_cidr"), params.get("head_node_ssh_cidr"))
     kwargs.update(task_id="render_config", network=network or NETWORK, cluster_name=None,
                   region_name=params["region"], pcluster_conn_id=None, **overrides)
     operator = RenderClusterConfigOperator(**kwargs)
@@ -88,8 +94,29 @@ def render(params: dict, network: dict | None = None, **overrides) -> str:
     return render_cluster_config(str(TEMPLATE), operator.build_context(context, SCRIPT_URI))
 
 
+# The production profile leaves the head node's SSH CIDR to the deployment: a documentation range here.
+SSH_CIDR = "203.0.113.0/24"
+RESERVATION_ID = "cr-0123456789abcdef0"
+GROUP_ARN = "arn:aws:resource-groups:us-east-1:123456789012:group/trn1-reservations"
+
+
 def production(**changes) -> dict:
-    return dict(load_profile("production"), **changes)
+    return dict(load_profile("production"), **{"ssh_allowed_cidr": SSH_CIDR, **changes})
+
+
+# What ParallelCluster's load asks AWS for on its own (SlurmClusterConfig caches the reservations the
+# config names, tolerating a failure): scripts/pcluster_validate.py refuses and reports it.
+LOAD_CALLS = {"capacity_odcr": ["ec2:DescribeCapacityReservations"],
+              "capacity_capacity_block": ["ec2:DescribeCapacityReservations"],
+              "capacity_odcr_group": ["resource-groups:ListGroupResources"]}
+# Every capacity variant the params allow (run.capacity's rules): what render_config renders for each.
+CAPACITY = {
+    "spot": {"capacity_type": "SPOT"},
+    "odcr": {"capacity_type": "ONDEMAND", "capacity_reservation_id": RESERVATION_ID},
+    "odcr_group": {"capacity_type": "ONDEMAND", "capacity_reservation_resource_group_arn": GROUP_ARN},
+    "capacity_block": {"capacity_type": "CAPACITY_BLOCK", "capacity_reservation_id": RESERVATION_ID,
+                       "min_nodes": 16, "max_nodes": 16},
+}
 
 
 CASES = {
@@ -100,7 +127,12 @@ CASES = {
         {"name": "wide", "instance_type": "trn1n.32xlarge", "min_nodes": 1, "max_nodes": 8},
     ]),
     "static_32_trn1n": production(instance_type="trn1n.32xlarge", num_nodes=32, min_nodes=32, max_nodes=32),
+    "permissions_boundary": production(
+        permissions_boundary_arn="arn:aws:iam::123456789012:policy/ultracluster-pcluster-boundary"),
     **{f"image_os_{os_name}": production(image_os=os_name) for os_name in IMAGE_OS},
+    **{f"capacity_{name}": production(**changes) for name, changes in CAPACITY.items()},
+    "ssh_prefix_list": production(ssh_allowed_cidr="pl-0123456789abcdef0"),
+    "ssh_world_allowed": production(ssh_allowed_cidr=None, allow_world_ssh=True),
 }
 
 
@@ -145,6 +177,29 @@ def test_the_32_node_static_config_is_what_was_asked():
     [resource] = queue["ComputeResources"]
     assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == ("trn1n.32xlarge", 32, 32)
     assert resource["Efa"]["Enabled"] is True and queue["Networking"]["PlacementGroup"]["Enabled"] is True
+
+
+@pytest.mark.parametrize("name", list(CAPACITY))
+def test_each_capacity_variant_renders_as_parallelcluster_takes_it(name):
+    config = yaml.safe_load(render(CASES[f"capacity_{name}"]))
+    [queue] = config["Scheduling"]["SlurmQueues"]
+    [resource] = queue["ComputeResources"]
+    changes = CAPACITY[name]
+    assert queue["CapacityType"] == changes["capacity_type"]
+    target = {"CapacityReservationId": changes.get("capacity_reservation_id"),
+              "CapacityReservationResourceGroupArn": changes.get("capacity_reservation_resource_group_arn")}
+    assert resource.get("CapacityReservationTarget") == ({k: v for k, v in target.items() if v} or None)
+    # No managed placement group on reserved capacity (ParallelCluster: a block needs none; a reservation's own wins).
+    assert queue["Networking"]["PlacementGroup"]["Enabled"] is (name == "spot")
+    if name == "capacity_block":
+        assert resource["MinCount"] == resource["MaxCount"] == 16
+
+
+def test_the_head_nodes_ssh_is_what_the_param_says():
+    assert yaml.safe_load(render(production()))["HeadNode"]["Ssh"]["AllowedIps"] == SSH_CIDR
+    assert yaml.safe_load(render(CASES["ssh_world_allowed"]))["HeadNode"]["Ssh"]["AllowedIps"] == "0.0.0.0/0"
+    with pytest.raises(ConfigValidationError, match="ssh_allowed_cidr: not set"):
+        render(production(ssh_allowed_cidr=None))
 
 
 def test_multi_queue_config_keeps_its_queues():
@@ -249,10 +304,10 @@ def real_hook(real_pcluster, moto_account, monkeypatch, tmp_path):
     return ParallelClusterHook("uc_real_pcluster")
 
 
-def moto_config(moto_account: dict, mutate=None) -> str:
-    """The production config for moto's network, plus the DevSettings that find the AMI made above."""
+def moto_config(moto_account: dict, mutate=None, **changes) -> str:
+    """The production config (with ``changes``) for moto's network, and DevSettings that find the AMI made above."""
     config = yaml.safe_load(render(production(key_name=moto_account["key_name"], image_os="ubuntu2204",
-                                              custom_ami=None), moto_account["network"]))
+                                              custom_ami=None, **changes), moto_account["network"]))
     config["DevSettings"] = {"AmiSearchFilters": {"Owner": moto_account["account"]}}
     if mutate:
         mutate(config)
@@ -287,3 +342,74 @@ def test_real_dryrun_refusal_fails_render_configs_check(real_hook, moto_account)
     with pytest.raises(AirflowFailException, match="subnet-0aaaaaaaaaaaaaaaa"):
         dryrun_cluster_config(real_hook, "uc-real-dryrun", text, suppress_validators=MOTO_GAPS,
                               log=logging.getLogger("test"))
+
+
+# --- every capacity variant through the real dry run ---------------------------------------------
+
+# Validators moto cannot answer for a variant, and why (docs/operations.md, "The real ParallelCluster
+# in the tests"): each is suppressed for that variant only, and the test logs it.
+CAPACITY_MOTO_GAPS = {
+    "odcr_group": {
+        "type:CapacityReservationResourceGroupValidator": "moto routes no resource-groups ListGroupResources, "
+                                                          "which lists the group's reservations",
+        "type:PlacementGroupCapacityReservationValidator": "it lists the group's reservations the same way",
+    },
+}
+
+
+def reservation_for(moto_account: dict, name: str) -> dict:
+    """The variant's params, with a reservation made in moto as a user makes it (the subnet's AZ, 16 x trn1)."""
+    import boto3
+
+    ec2 = boto3.client("ec2", endpoint_url=moto_account["endpoint"], region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    zone = ec2.describe_subnets(SubnetIds=[moto_account["network"]["private_subnet_id"]])["Subnets"][0]
+    changes = dict(CAPACITY[name])
+    if name == "odcr":
+        made = ec2.create_capacity_reservation(InstanceType="trn1.32xlarge", InstancePlatform="Linux/UNIX",
+                                               AvailabilityZone=zone["AvailabilityZone"], InstanceCount=16)
+        changes["capacity_reservation_id"] = made["CapacityReservation"]["CapacityReservationId"]
+    elif name == "capacity_block":
+        [offer] = ec2.describe_capacity_block_offerings(InstanceType="trn1.32xlarge", InstanceCount=16,
+                                                        CapacityDurationHours=24)["CapacityBlockOfferings"]
+        assert offer["AvailabilityZone"] == zone["AvailabilityZone"]
+        bought = ec2.purchase_capacity_block(CapacityBlockOfferingId=offer["CapacityBlockOfferingId"],
+                                             InstancePlatform="Linux/UNIX")
+        changes["capacity_reservation_id"] = bought["CapacityReservation"]["CapacityReservationId"]
+    elif name == "odcr_group":
+        changes["capacity_reservation_resource_group_arn"] = GROUP_ARN.replace("123456789012", moto_account["account"])
+    return changes
+
+
+@pytest.mark.localcluster
+@pytest.mark.parametrize("name", list(CAPACITY))
+def test_real_dryrun_accepts_every_capacity_variant(real_hook, moto_account, tmp_path, name):
+    import logging
+
+    from ultracluster.parsers.pcluster import DRYRUN_SUCCEEDED
+
+    gaps = CAPACITY_MOTO_GAPS.get(name, {})
+    for validator, why in gaps.items():
+        logging.getLogger(__name__).warning("dry run of %s: %s suppressed: %s", name, validator, why)
+    path = tmp_path / "cluster-config.yaml"
+    path.write_text(moto_config(moto_account, **reservation_for(moto_account, name)))
+    result = real_hook.create_cluster("uc-real-dryrun", str(path), suppress_validators=MOTO_GAPS + list(gaps),
+                                      dryrun=True)
+    assert result["message"] == DRYRUN_SUCCEEDED
+    assert all(m["level"] in ("INFO", "WARNING") for m in result["validationMessages"]), result
+
+
+@pytest.mark.localcluster
+def test_real_dryrun_refuses_a_capacity_block_of_dynamic_nodes(real_hook, moto_account, tmp_path):
+    """What preflight's rule (min_nodes = max_nodes > 0) stands for: ParallelCluster's own refusal."""
+    from ultracluster.parsers.pcluster import ClusterValidationError
+
+    def dynamic(config):
+        config["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]["MinCount"] = 0
+
+    path = tmp_path / "cluster-config.yaml"
+    path.write_text(moto_config(moto_account, dynamic, **reservation_for(moto_account, "capacity_block")))
+    with pytest.raises(ClusterValidationError) as refused:
+        real_hook.create_cluster("uc-real-dryrun", str(path), suppress_validators=MOTO_GAPS, dryrun=True)
+    messages = [e["message"] for e in refused.value.configuration_validation_errors]
+    assert any("Max count must be set to the same value of min count" in m for m in messages), messages

@@ -37,7 +37,8 @@ def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_u
         estimate_boot_time: bool = False) -> dict:
     op = PreflightOperator(task_id="preflight", schedule_period=WEEK, max_cost_usd=max_cost_usd,
                            artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws",
-                           estimate_boot_time=estimate_boot_time)
+                           estimate_boot_time=estimate_boot_time,
+                           default_ssh_allowed_cidr=load_profile("local")["head_node_ssh_cidr"])
     context = {"params": params, "run_id": run_id, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
                "logical_date": None if weeks is None else ORIGIN + weeks * WEEK}
     return op.execute(context)

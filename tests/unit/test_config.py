@@ -18,6 +18,8 @@ from ultracluster.run.profiles import include_dir, load_profile
 REGION = "us-east-1"
 RUN_ID = "manual__2026-11-30T08:00:00.123456+00:00"
 SCHEMA = str(include_dir() / "cluster" / "cluster-config.schema.json")
+# The production profile leaves the head node's SSH CIDR to the deployment: a documentation range here.
+SSH_CIDR = "203.0.113.0/24"
 NETWORK = {"owned": True, "vpc_id": "vpc-0a1", "public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv",
            "security_group_id": "sg-0abc", "availability_zone": "us-east-1a"}
 
@@ -123,6 +125,7 @@ def render_op(params: dict, **overrides) -> RenderClusterConfigOperator:
         fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"],
         artifacts_s3_uri="s3://ultracluster-artifacts/runs", dataset_s3_uri=params["dataset_s3_uri"],
         compile_cache_s3_uri=params["compile_cache_s3_uri"], extra_tags={"team": "ml"},
+        ssh_allowed_cidr=params.get("ssh_allowed_cidr") or SSH_CIDR,
         pcluster_conn_id=None,  # the rendering alone; the dry run: tests/unit/test_config_dryrun.py
     )
     kwargs.update(overrides)
@@ -190,9 +193,9 @@ def test_schema_violations_fail_before_anything_is_uploaded(s3):
     assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
 
 
-# Template context the operator adds for compute storage, log retention and the image.
+# Template context the operator adds for compute storage, log retention, the image and the roles' boundary.
 STORAGE_AND_LOGS = {"custom_ami": None, "log_retention_days": 14, "compute_root_volume_gib": 1024,
-                    "ephemeral_mount_dir": "/local_storage"}
+                    "ephemeral_mount_dir": "/local_storage", "permissions_boundary": None}
 
 
 def rendered_seed() -> dict:
@@ -201,7 +204,8 @@ def rendered_seed() -> dict:
     context = {
         "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
         "public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv", "security_group_id": None,
-        "key_name": "k", "on_node_configured_s3_uri": "s3://ultracluster-artifacts/x/on_node_configured.sh",
+        "key_name": "k", "ssh_allowed_ips": SSH_CIDR,
+        "on_node_configured_s3_uri": "s3://ultracluster-artifacts/x/on_node_configured.sh",
         "s3_buckets": [{"name": "ultracluster-artifacts", "write": True}],
         "queues": build_queues("trn1.32xlarge", 0, 16, []), "mount_dir": "/fsx",
         "fsx_storage_capacity_gib": 1200, "tags": [{"key": "k", "value": "v: with colon"}],
@@ -215,6 +219,32 @@ def test_rendered_seed_validates_and_omits_absent_security_group():
     validate_cluster_config(yaml.safe_dump(config), SCHEMA)
     assert "AdditionalSecurityGroups" not in config["HeadNode"]["Networking"]
     assert config["Tags"] == [{"Key": "k", "Value": "v: with colon"}]
+    assert "Iam" not in config  # no boundary set: ParallelCluster's roles without one
+
+
+def test_the_permissions_boundary_renders_as_iam_permissions_boundary():
+    """render_config's permissions_boundary_arn (the profile's) becomes Iam.PermissionsBoundary."""
+    arn = "arn:aws:iam::123456789012:policy/ultracluster-pcluster-boundary"
+    operator = RenderClusterConfigOperator(
+        task_id="render_config", network={"public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv"},
+        cluster_name="uc-x", region_name=REGION, key_name="k", head_node_instance_type="c5.4xlarge",
+        instance_type="trn1.32xlarge", min_nodes=0, max_nodes=16, artifacts_s3_uri="s3://ultracluster-artifacts/runs",
+        dataset_s3_uri="s3://neuron-s3/d.tar", permissions_boundary_arn=arn, pcluster_conn_id=None,
+        ssh_allowed_cidr=SSH_CIDR)
+    context = operator.build_context({"run_id": "manual__x", "dag": SimpleNamespace(dag_id="trn1_bert_pretrain")},
+                                     "s3://ultracluster-artifacts/x.sh")
+    assert context["permissions_boundary"] == arn
+    config = yaml.safe_load(render_cluster_config_text(context))
+    assert config["Iam"] == {"PermissionsBoundary": arn}
+    validate_cluster_config(yaml.safe_dump(config), SCHEMA)
+    with pytest.raises(ConfigValidationError, match="Iam/PermissionsBoundary"):
+        validate_cluster_config(yaml.safe_dump(dict(config, Iam={"PermissionsBoundary": "boundary"})), SCHEMA)
+
+
+def render_cluster_config_text(context: dict) -> str:
+    from ultracluster.operators.cluster_config import render_cluster_config
+
+    return render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), context)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
@@ -241,7 +271,7 @@ def test_a_missing_network_output_cannot_render_a_valid_config():
     text = render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), {
         "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
         "public_subnet_id": None, "private_subnet_id": "subnet-0priv", "security_group_id": None, "key_name": "k",
-        "on_node_configured_s3_uri": "s3://b-b/x.sh", "s3_buckets": [{"name": "b-b", "write": True}],
+        "ssh_allowed_ips": SSH_CIDR, "on_node_configured_s3_uri": "s3://b-b/x.sh", "s3_buckets": [{"name": "b-b", "write": True}],
         "queues": build_queues("trn1.32xlarge", 0, 2, []), "mount_dir": "/fsx", "fsx_storage_capacity_gib": 1200,
         "tags": [], **STORAGE_AND_LOGS,
     })

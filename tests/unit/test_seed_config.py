@@ -37,6 +37,7 @@ DELIBERATE = {
     "Region": "added",                                             # the file names its region itself
     "Image.Os": "changed",                                         # ubuntu2004 -> ubuntu2204 (pcluster >= 3.14)
     "HeadNode.Networking.AdditionalSecurityGroups": "added",       # the network stack's EFA group
+    "HeadNode.Ssh.AllowedIps": "added",                            # ssh_allowed_cidr, never the world by default
     "Scheduling.SlurmSettings": "added",                           # ScaledownIdletime 10, pcluster's default
     "Scheduling.SlurmQueues[0].Networking.AdditionalSecurityGroups": "added",
     "Scheduling.SlurmQueues[0].Iam": "added",                      # compute nodes' S3 access

@@ -19,19 +19,23 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from ultracluster.hooks.account import TRN_VCPU_QUOTA_CODE, AccountHook
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.dataset import DatasetS3Hook
+from ultracluster.operators.capacity_checks import capacity_problems
 from ultracluster.operators.checkpoint import ResumeFromError, resolve_checkpoint
 from ultracluster.operators.dataset import dataset_object, read_sidecar
+from ultracluster.run import capacity as run_capacity
 from ultracluster.run import s3_access
 from ultracluster.run.errors import aws_error_code, is_transient
 from ultracluster.run.s3 import split_s3_uri
 
 
 def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: str, prices: dict[str, Any],
-                     log: Any, sse: Mapping[str, str] | None = None, warnings: list[str] | None = None) -> list[str]:
-    """Every problem AWS reports with the plan's S3 locations, key pair, instance types and quota.
+                     log: Any, sse: Mapping[str, str] | None = None, warnings: list[str] | None = None,
+                     capacity: dict[str, Any] | None = None) -> list[str]:
+    """Every problem AWS reports with the plan's S3 locations, key pair, instance types, quota and capacity.
     ``probe_name``: a file name unique to the run, written (with ``sse``, the deployment's encryption,
     so a KMS key the role cannot use shows here) and deleted to prove write access. ``warnings``, when
-    given, gets what is worth a look but no failure (an unreadable checksum sidecar)."""
+    given, gets what is worth a look but no failure (an unreadable checksum sidecar). ``capacity``:
+    ``capacity_checks.capacity_problems``' keyword arguments (None: capacity not checked)."""
     s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
     dataset = DatasetS3Hook(aws_conn_id=aws_conn_id, anonymous=plan.get("dataset_anonymous") is True)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
@@ -46,6 +50,8 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
         problems += _key_pair(ec2, plan.get("key_name"))
         problems += _offerings(ec2, plan)
         problems += _trn_quota(ec2, plan, prices, log)
+        if capacity is not None:
+            problems += capacity_problems(ec2, plan, **capacity)
     except (NoCredentialsError, PartialCredentialsError) as err:   # a deployment's setup, not a blip
         return [f"AWS connection {aws_conn_id!r}: {err}; nothing in the account could be checked"]
     return problems
@@ -192,6 +198,10 @@ def _trn_quota(ec2: Any, plan: dict[str, Any], prices: dict[str, Any], log: Any)
     itype = str(plan.get("instance_type") or "")
     vcpus = (prices.get("instances", {}).get(itype) or {}).get("vcpus")
     if not itype.startswith("trn") or not vcpus or not isinstance(plan.get("max_nodes"), int):
+        return []
+    if run_capacity.capacity_type(plan) == run_capacity.SPOT:
+        log.info("Trn vCPU quota not checked: %s is On-Demand's; Spot instances have quotas of their own",
+                 TRN_VCPU_QUOTA_CODE)
         return []
     needed = plan["max_nodes"] * int(vcpus)
     try:

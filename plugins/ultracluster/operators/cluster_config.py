@@ -36,11 +36,13 @@ from ultracluster.run.form import (
     LOCAL_STORAGE_MOUNT_DIR,
     TRAINING_QUEUE,
 )
+from ultracluster.run import capacity as run_capacity
 from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
 from ultracluster.run.neuron_versions import render_on_node_configured
 from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.profiles import include_dir
 from ultracluster.run.s3 import check_sse, split_s3_uri
+from ultracluster.run.ssh_access import allowed_ips, flag
 from ultracluster.run.tags import NODES_TAG, run_tags, s3_tagging
 
 if TYPE_CHECKING:
@@ -52,17 +54,25 @@ def _include(*parts: str) -> str:
 
 
 def build_queues(
-    instance_type: str, min_nodes: int, max_nodes: int, extra_queues: list[dict] | None
+    instance_type: str, min_nodes: int, max_nodes: int, extra_queues: list[dict] | None,
+    capacity: Mapping[str, Any] | None = None,
 ) -> list[dict]:
-    """Template context for Scheduling.SlurmQueues: the training queue first, then extra queues."""
-    queues = [{"name": TRAINING_QUEUE, "instance_type": instance_type, "min_nodes": min_nodes, "max_nodes": max_nodes}]
-    queues += [dict(q) for q in extra_queues or []]
+    """Template context for Scheduling.SlurmQueues: the training queue first, then extra queues.
+    ``capacity``: the training queue's ``capacity_type`` and reservation params (run.capacity); extra
+    queues are On-Demand."""
+    training = {"name": TRAINING_QUEUE, "instance_type": instance_type, "min_nodes": min_nodes, "max_nodes": max_nodes,
+                "capacity_type": run_capacity.capacity_type(capacity or {}),
+                "reservation": run_capacity.reservation_target(capacity or {})}
+    queues = [training] + [dict(q) for q in extra_queues or []]
     for queue in queues:
         queue.setdefault("min_nodes", 0)
+        queue.setdefault("capacity_type", run_capacity.ONDEMAND)
+        queue.setdefault("reservation", None)
         queue["compute_resource"] = compute_resource_name(queue["instance_type"])
         queue["efa"] = queue["instance_type"] in EFA_INSTANCE_TYPES
         # Placement groups pay off (and are supported by ParallelCluster with EFA) on the big types.
-        queue["placement_group"] = queue["efa"]
+        queue["placement_group"] = run_capacity.placement_group(queue["efa"], queue["capacity_type"],
+                                                                queue["reservation"])
     return queues
 
 
@@ -149,7 +159,8 @@ class RenderClusterConfigOperator(BaseOperator):
         "network", "cluster_name", "region_name", "key_name", "image_os", "head_node_instance_type", "instance_type",
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
         "artifacts_s3_uri", "dataset_s3_uri", "compile_cache_s3_uri", "extra_tags",
-        "custom_ami", "log_retention_days", "resource_ttl_hours",
+        "custom_ami", "log_retention_days", "resource_ttl_hours", "capacity_type", "capacity_reservation_id",
+        "capacity_reservation_resource_group_arn", "ssh_allowed_cidr", "allow_world_ssh",
     )
     operator_extra_links = (ClusterConfigLink(),)
     ui_color = "#d9e8f5"
@@ -183,9 +194,24 @@ class RenderClusterConfigOperator(BaseOperator):
         suppress_validators: list[str] | None = None,
         resource_ttl_hours: Any = DEFAULT_RESOURCE_TTL_HOURS,
         s3_encryption: Mapping[str, str] | None = None,
+        capacity_type: str = run_capacity.ONDEMAND,
+        capacity_reservation_id: str | None = None,
+        capacity_reservation_resource_group_arn: str | None = None,
+        ssh_allowed_cidr: str | None = None,
+        allow_world_ssh: Any = False,
+        permissions_boundary_arn: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # The training queue's capacity (run.capacity) and who may reach the head node's SSH
+        # (run.ssh_access: no value is refused unless allow_world_ssh).
+        self.capacity_type = capacity_type
+        self.capacity_reservation_id = capacity_reservation_id
+        self.capacity_reservation_resource_group_arn = capacity_reservation_resource_group_arn
+        self.ssh_allowed_cidr = ssh_allowed_cidr
+        self.allow_world_ssh = allow_world_ssh
+        # Iam.PermissionsBoundary of every role pcluster creates (docs/operations.md, "Least privilege").
+        self.permissions_boundary_arn = permissions_boundary_arn or None
         self.s3_encryption = check_sse(s3_encryption)  # both uploads (docs/operations.md, "Encryption")
         self.resource_ttl_hours = resource_ttl_hours  # the cluster's and the script's expires-at
         self.network = network
@@ -219,7 +245,17 @@ class RenderClusterConfigOperator(BaseOperator):
             if uri:
                 bucket = split_s3_uri(uri)[0]
                 buckets[bucket] = buckets.get(bucket, False) or write
-        queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues)
+        capacity = {"capacity_type": self.capacity_type or None, "capacity_reservation_id": self.capacity_reservation_id
+                    or None, "capacity_reservation_resource_group_arn": self.capacity_reservation_resource_group_arn
+                    or None, "min_nodes": int(self.min_nodes), "max_nodes": int(self.max_nodes)}
+        problems = run_capacity.plan_capacity_problems(capacity)
+        try:
+            ssh_allowed_ips = allowed_ips(self.ssh_allowed_cidr, flag(self.allow_world_ssh))
+        except ValueError as err:
+            problems.append(str(err))
+        if problems:   # preflight refuses these first; a direct use of the operator must not render them
+            raise ConfigValidationError("Cluster config not rendered:\n- " + "\n- ".join(problems))
+        queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues, capacity)
         # The most nodes the cluster can hold: what the deployment's node cap counts (tags.NODES_TAG).
         nodes = sum(int(q["max_nodes"]) for q in queues)
         tags = {**(self.extra_tags or {}), **run_tags(context, self.resource_ttl_hours), NODES_TAG: nodes}
@@ -237,12 +273,14 @@ class RenderClusterConfigOperator(BaseOperator):
             "private_subnet_id": network.get("private_subnet_id"),
             "security_group_id": network.get("security_group_id"),
             "key_name": self.key_name,
+            "ssh_allowed_ips": ssh_allowed_ips,
             "on_node_configured_s3_uri": on_node_configured_s3_uri,
             "s3_buckets": [{"name": b, "write": w} for b, w in buckets.items()],
             "queues": queues,
             "mount_dir": self.shared_storage_mount_dir,
             "fsx_storage_capacity_gib": int(self.fsx_storage_capacity_gib),
             "tags": [{"key": k, "value": str(v)} for k, v in tags.items()],
+            "permissions_boundary": self.permissions_boundary_arn,
         }
 
     def _dryrun(self, cluster_name: str, rendered: str) -> list[dict]:

@@ -3,15 +3,16 @@
 It fixes the run's plan (the params with its sweep point applied; every later task reads the plan),
 checks the cross-field rules once, the tags, and what AWS can tell (``account_checks``: the dataset
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
-id, the Trn vCPU quota; a bucket without a public access block is a warning), estimates the cost
-and enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
+id, the Trn vCPU quota, the capacity reservation (``capacity_checks``); a bucket without a public
+access block is a warning), estimates the cost (at the reservation's price where it is known) and
+enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
 node's boot against ParallelCluster's bootstrap timeout, a warning at 70 % of it (``run.boot_time``). Every problem found goes into one error naming each param; such
 failures are the conf's own and fail the task at once, without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -20,10 +21,12 @@ from airflow.sdk.exceptions import AirflowFailException
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
 from ultracluster.run import boot_time
+from ultracluster.run import capacity as run_capacity
 from ultracluster.run.cost import PriceError, estimate, load_prices
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.plan import plan_problems, run_plan
 from ultracluster.run.s3 import check_sse
+from ultracluster.run.ssh_access import effective_cidr, flag, ssh_problems, ssh_warnings
 from ultracluster.run.sweep import SweepError, describe_point, write_index_entry
 from ultracluster.run.tags import tag_problems
 
@@ -33,10 +36,12 @@ if TYPE_CHECKING:
 
 class PreflightOperator(BaseOperator):
     """
-    Return ``{"plan": {...}, "estimate": {...}, "boot": {...} | None, "warnings": [...]}``
+    Return ``{"plan": {...}, "estimate": {...}, "boot": {...} | None, "warnings": [...],
+    "reservations": [...]}``
     (docs/contracts.md, "Scaling sweeps"); ``warnings``: what preflight found worth a look but not a
     failure (a bucket that does not block public access, an unreadable checksum sidecar, a node boot
-    near its timeout), also in the task log; ``boot``: ``run.boot_time.estimate`` (None: not estimated).
+    near its timeout, a price not known), also in the task log; ``boot``: ``run.boot_time.estimate`` (None:
+    not estimated); ``reservations``: the capacity reservations the run targets (``run.capacity.summary``).
 
     :param schedule_period: the DAG's tick length; a backfilled sweep run picks its point from
         the tick index of its logical date.
@@ -45,6 +50,10 @@ class PreflightOperator(BaseOperator):
         (``s3_encryption.sse_args``; None: SSE-S3).
     :param estimate_boot_time: estimate a compute node's boot (the production profile's
         ``estimate_boot_time``; the local cluster's nodes boot in seconds and are not estimated).
+    :param reservation_lead_s: how long after preflight a capacity reservation may start: the run's
+        nodes need it by then (the DAG passes the fleet wait's timeout).
+    :param default_ssh_allowed_cidr: the deployment's ``head_node_ssh_cidr``, the plan's
+        ``ssh_allowed_cidr`` when the run names none (``run.ssh_access.effective_cidr``).
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -52,8 +61,11 @@ class PreflightOperator(BaseOperator):
 
     def __init__(self, *, schedule_period: timedelta, artifacts_s3_uri: str, max_cost_usd: Any = None,
                  aws_conn_id: str | None = "aws_default", s3_encryption: Mapping[str, str] | None = None,
-                 estimate_boot_time: bool = False, **kwargs: Any) -> None:
+                 estimate_boot_time: bool = False, reservation_lead_s: int = 0,
+                 default_ssh_allowed_cidr: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.default_ssh_allowed_cidr = default_ssh_allowed_cidr
+        self.reservation_lead_s = reservation_lead_s
         self.s3_encryption = check_sse(s3_encryption)
         self.schedule_period = schedule_period
         self.artifacts_s3_uri = artifacts_s3_uri
@@ -66,6 +78,8 @@ class PreflightOperator(BaseOperator):
             plan = run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
         except SweepError as err:
             raise AirflowFailException(str(err)) from None
+        # The head node's SSH CIDR render_config renders: the run's, else the deployment's.
+        plan["ssh_allowed_cidr"] = effective_cidr(plan.get("ssh_allowed_cidr"), self.default_ssh_allowed_cidr)
         point = plan["sweep_point"]
         if point:
             self.log.info("%s", describe_point(point))
@@ -76,16 +90,25 @@ class PreflightOperator(BaseOperator):
             raise AirflowFailException(f"cost estimate: {err}") from None
         problems = plan_problems(plan)
         problems += tag_problems(plan.get("extra_tags"))
+        # Not a rule of the plan: the production profile leaves the CIDR to the deployment, and refuses without it.
+        problems += ssh_problems(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
         warnings: list[str] = []
+        now = datetime.now(timezone.utc)
+        capacity = {"run_hours": expected["hours"], "now": now, "found": [],
+                    "needed_by": now + timedelta(seconds=int(self.reservation_lead_s))}
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
-                                     self.log, sse=self.s3_encryption, warnings=warnings)
+                                     self.log, sse=self.s3_encryption, warnings=warnings, capacity=capacity)
         if problems:
             raise AirflowFailException(f"preflight found {len(problems)} problem{'s' * (len(problems) != 1)}, "
                                        "nothing was created:\n- " + "\n- ".join(problems))
+        price = run_capacity.node_price(plan, capacity["found"], expected["usd_per_node_hour"])
+        expected = estimate(plan, prices, node_price=price)
+        if not price["known"]:
+            warnings.append(f"cost estimate: {price['note']}")
         self.log.info(
-            "Cost estimate: $%.2f (%d × %s for %.2f h at $%.2f/h, head node $%.2f, FSx $%.2f)",
+            "Cost estimate: $%.2f (%d × %s for %.2f h at $%.2f/h (%s), head node $%.2f, FSx $%.2f)",
             expected["usd"], plan["num_nodes"], expected["instance_type"], expected["hours"],
-            expected["usd_per_node_hour"], expected["head_node_usd"], expected["fsx_usd"],
+            expected["usd_per_node_hour"], price["basis"], expected["head_node_usd"], expected["fsx_usd"],
         )
         limit = self._max_cost()
         if limit is not None and expected["usd"] > limit:
@@ -94,12 +117,14 @@ class PreflightOperator(BaseOperator):
                 "lower num_nodes or steps_this_run, or raise max_cost_usd"
             )
         warnings += public_access_warnings(plan, self.aws_conn_id)
+        warnings += ssh_warnings(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
         boot = self._boot(plan, warnings) if self.estimate_boot_time else None
         for warning in warnings:
             self.log.warning("%s", warning)
         if point:
             self._index(context, plan, expected)
-        return {"plan": plan, "estimate": expected, "boot": boot, "warnings": warnings}
+        return {"plan": plan, "estimate": expected, "boot": boot, "warnings": warnings,
+                "reservations": [run_capacity.summary(r) for r in capacity["found"]]}
 
     def _boot(self, plan: dict, warnings: list[str]) -> dict:
         """A compute node's boot time against the bootstrap timeout; a warning at 70 % or more."""

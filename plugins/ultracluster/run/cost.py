@@ -137,7 +137,7 @@ def global_batch(plan: dict[str, Any], world_size: int) -> int:
 
 
 def estimate(plan: dict[str, Any], prices: dict[str, Any], *, world_size: int | None = None,
-             overhead_hours: float = DEFAULT_OVERHEAD_HOURS) -> dict[str, Any]:
+             overhead_hours: float = DEFAULT_OVERHEAD_HOURS, node_price: dict[str, Any] | None = None) -> dict[str, Any]:
     """Expected time and cost of a run, before it starts.
 
     :param plan: the run's params (``instance_type``, ``num_nodes``, ``steps_this_run`` (else
@@ -147,7 +147,9 @@ def estimate(plan: dict[str, Any], prices: dict[str, Any], *, world_size: int | 
     :param world_size: training workers in all; default nodes x NeuronCores per node (the local
         stand-in runs fewer workers than its Trn1 instance type has cores).
     :param overhead_hours: cluster creation, fleet start and compile time, billed like training.
-    :return: ``{"usd", "hours", "node_hours", "instance_type", "usd_per_node_hour",
+    :param node_price: what a compute node-hour costs this run (``run.capacity.node_price``: a
+        reservation's price, or a note that it is not known); default: the On-Demand price.
+    :return: ``{"usd", "hours", "node_hours", "instance_type", "usd_per_node_hour", "node_price",
         "head_node_usd", "fsx_usd", "reference_seq_per_s", "node_usd", "train_hours",
         "overhead_hours", "world_size", "global_batch"}``. Hours = steps x global batch /
         (reference seq/s per node x nodes) / 3600 + overhead; nodes, head node and FSx bill all of it.
@@ -172,11 +174,15 @@ def estimate(plan: dict[str, Any], prices: dict[str, Any], *, world_size: int | 
     reference = float(entry["reference_seq_per_s_per_node"]) * nodes
     train_hours = steps * batch / reference / 3600
     hours = train_hours + overhead_hours
+    price = node_price or {"basis": "on-demand", "usd_per_hour": float(entry["usd_per_hour"]), "known": True,
+                           "note": None}
+    node_prices = {**prices, "instances": {**prices["instances"],
+                                           instance_type: {**entry, "usd_per_hour": price["usd_per_hour"]}}}
     cost = run_cost(instance_type, nodes * hours, head_node_type, hours, plan.get("fsx_storage_capacity_gib") or 0,
-                    prices)
+                    node_prices)
     return {
         "usd": cost["usd"], "hours": round(hours, 4), "node_hours": round(nodes * hours, 4),
-        "instance_type": instance_type, "usd_per_node_hour": float(entry["usd_per_hour"]),
+        "instance_type": instance_type, "usd_per_node_hour": float(price["usd_per_hour"]), "node_price": price,
         "head_node_usd": cost["head_node_usd"] or 0.0, "fsx_usd": cost["fsx_usd"], "reference_seq_per_s": reference,
         "node_usd": cost["node_usd"], "train_hours": round(train_hours, 4), "overhead_hours": overhead_hours,
         "world_size": int(world_size), "global_batch": batch,

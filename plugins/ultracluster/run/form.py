@@ -27,6 +27,14 @@ LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 
 # The resource_ttl_hours param's default: longer than any run, and than a sweep's network is held.
 DEFAULT_RESOURCE_TTL_HOURS = 168
 MAX_NODES = 256
+# The training queue's capacity (Scheduling.SlurmQueues[].CapacityType, ParallelCluster 3.16) and the
+# reservation its compute resource may target (CapacityReservationTarget); run/capacity.py has the rules.
+CAPACITY_TYPES = ("ONDEMAND", "SPOT", "CAPACITY_BLOCK")
+CAPACITY_RESERVATION_ID_PATTERN = r"^cr-[0-9a-f]{8,17}$"
+CAPACITY_RESERVATION_GROUP_ARN_PATTERN = r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:[0-9]{12}:group/[A-Za-z0-9._-]{1,300}$"
+# HeadNode.Ssh.AllowedIps: an IPv4 CIDR or a managed prefix list, what ParallelCluster takes (no IPv6);
+# run/ssh_access.py judges the value.
+SSH_ALLOWED_PATTERN = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}|pl-[0-9a-z]+)$"
 
 # The form's sections, in the order they appear (Airflow shows them as collapsible groups).
 CLUSTER, TRAINING, DATA, NETWORK = "Cluster", "Training", "Data", "Network"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from ultracluster.run.capacity import plan_capacity_problems
 from ultracluster.run.errors import ConfigValidationError
 from ultracluster.run.form import MAX_QUEUES, TRAINING_QUEUE
 from ultracluster.run.names import CLUSTER_NAME_PATTERN
@@ -82,6 +83,7 @@ def plan_problems(params: dict[str, Any]) -> list[str]:
                 split_s3_uri(params[key])
             except ValueError as err:
                 problems.append(f"{key}: {err}")
+    problems += plan_capacity_problems(params)
     return problems
 
 
