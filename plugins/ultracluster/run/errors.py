@@ -1,5 +1,6 @@
-"""The run's own error, and which AWS errors are worth a retry: throttling and unavailability pass,
-everything else repeats (botocore's ClientError carries the code in ``err.response["Error"]["Code"]``).
+"""The run's own error, how a list of problems reads, and which AWS errors are worth a retry:
+throttling and unavailability pass, everything else repeats (botocore's ClientError carries the code
+in ``err.response["Error"]["Code"]``).
 """
 from __future__ import annotations
 
