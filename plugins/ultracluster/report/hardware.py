@@ -33,16 +33,16 @@ def title(sweep_id: str, model: str | None, device: str | None) -> str:
     return f"{model or 'Training'} scaling{on}: sweep {sweep_id}"
 
 
-def same(a: str | None, b: str | None) -> bool:
+def _same(a: str | None, b: str | None) -> bool:
     return bool(a and b) and str(a).lower() == str(b).lower()
 
 
 def references(prices: Mapping[str, Any], model: str | None, device: str | None,
                instance_type: str | None) -> list[dict[str, Any]]:
     """The reference points of ``prices`` that compare with these runs: same model, device and
-    instance type. None for runs of an unknown model or device."""
+    instance type; none for runs whose model or device is unknown."""
     return [dict(ref) for ref in prices.get("references") or []
-            if same(ref.get("model"), model) and ref.get("device") == device
+            if _same(ref.get("model"), model) and ref.get("device") == device
             and ref.get("instance_type") == instance_type]
 
 
