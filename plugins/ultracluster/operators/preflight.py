@@ -23,6 +23,7 @@ from ultracluster.operators.account_checks import account_problems, public_acces
 from ultracluster.run import boot_time
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run.cost import PriceError, estimate, load_prices
+from ultracluster.run.errors import counted, problem_list
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.plan import plan_problems, run_plan
 from ultracluster.run.s3 import check_sse
@@ -99,8 +100,8 @@ class PreflightOperator(BaseOperator):
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
                                      self.log, sse=self.s3_encryption, warnings=warnings, capacity=capacity)
         if problems:
-            raise AirflowFailException(f"preflight found {len(problems)} problem{'s' * (len(problems) != 1)}, "
-                                       "nothing was created:\n- " + "\n- ".join(problems))
+            raise AirflowFailException(problem_list(
+                f"preflight found {counted(problems, 'problem')}, nothing was created", problems))
         price = run_capacity.node_price(plan, capacity["found"], expected["usd_per_node_hour"])
         expected = estimate(plan, prices, node_price=price)
         if not price["known"]:
