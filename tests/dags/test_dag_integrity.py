@@ -328,3 +328,23 @@ def test_each_profile_parses_and_its_defaults_validate(profile):
     )
     expected = {"production": "16 large", "local": "2 tiny"}[profile]
     assert run_python(code, profile) == expected
+
+
+@pytest.mark.parametrize(("profile", "required"), [("production", "True"), ("local", "False")])
+def test_the_profiles_iam_settings_reach_preflight_and_render_config(profile, required):
+    """The boundary of pcluster's roles is required but where a profile opts out (the local one: its
+    pcluster creates no roles); the nodes' KMS policy goes to both tasks (docs/operations.md, "Least privilege")."""
+    env = {"ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN": "arn:aws:iam::123456789012:policy/b",
+           "ULTRACLUSTER_NODE_KMS_POLICY_ARN": "arn:aws:iam::123456789012:policy/k"}
+    code = (
+        "import os\n"
+        f"os.environ.update({env!r})\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"dag = DagBag(dag_folder={str(DAGS)!r}).dags[{DAG_ID!r}]\n"
+        "preflight, render = dag.get_task('preflight'), dag.get_task('render_config')\n"
+        "print(preflight.require_permissions_boundary, preflight.permissions_boundary_arn,\n"
+        "      render.permissions_boundary_arn, preflight.node_kms_policy_arn, render.node_kms_policy_arn)\n"
+    )
+    boundary, kms = env["ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN"], env["ULTRACLUSTER_NODE_KMS_POLICY_ARN"]
+    wanted = [required, boundary, boundary, kms, kms] if profile == "production" else [required] + ["None"] * 4
+    assert run_python(code, profile).split() == wanted  # the local profile reads no environment for them
