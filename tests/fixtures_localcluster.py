@@ -38,8 +38,6 @@ PCLUSTER_BIN = LOCALCLUSTER_BIN / "pcluster"
 ADMIN_BIN = LOCALCLUSTER_BIN / "local-ultracluster"
 LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
 MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
-# The stand-in's moto_server plus the capacity reservations moto lacks (tests/fixtures/moto_capacity.py).
-MOTO_CAPACITY_SERVER = REPO / "tests" / "fixtures" / "moto_capacity.py"
 KEY_NAME = "ultracluster-local"
 TRAINING_VENV = REPO / ".venvs" / "training"
 REGION = "us-east-1"
@@ -122,14 +120,14 @@ def install_moto_stack_deletes() -> None:
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    """The stand-in's AWS as `local-ultracluster up` starts it: moto with the stack deletes it lacks, and
-    the tests' capacity reservations."""
+    """The stand-in's AWS as `local-ultracluster up` starts it (localcluster/moto_server.py): moto with the
+    stack deletes, capacity reservations and managed IAM policies it lacks."""
     if not LOCALCLUSTER_PYTHON.exists():
         pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), str(MOTO_CAPACITY_SERVER), "-H", "127.0.0.1",
+    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.moto_server", "-H", "127.0.0.1",
                                 "-p", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30

@@ -1,6 +1,6 @@
 """preflight's capacity checks against the moto server: reservations made as a user makes them (an
 On-Demand Capacity Reservation with CreateCapacityReservation, a Capacity Block bought from an offering;
-tests/fixtures/moto_capacity.py), each way one cannot serve the run, a resource group's reservations
+localcluster/moto_capacity.py), each way one cannot serve the run, a resource group's reservations
 (moto routes no ListGroupResources: a botocore Stubber answers that one call), the reservation's price
 in the cost estimate, and the head node's SSH refused or explicitly allowed."""
 from __future__ import annotations
