@@ -39,6 +39,12 @@ ADMIN_BIN = LOCALCLUSTER_BIN / "local-ultracluster"
 LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
 MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
 KEY_NAME = "ultracluster-local"
+# The local UltraCluster's fake AWS credentials (localcluster/aws.py's FAKE_CREDENTIALS, which
+# `local-ultracluster up` writes into airflow.env): recognisable by tests/log_scan.py.
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "AKIAUCFAKELOCAL00000",
+            "AWS_SECRET_ACCESS_KEY": "ucfakeSecretLocalUltraCluster/0000000000"}
+FAKE_AWS_CLIENT = {"aws_access_key_id": FAKE_AWS["AWS_ACCESS_KEY_ID"],   # boto3.client(**FAKE_AWS_CLIENT)
+                   "aws_secret_access_key": FAKE_AWS["AWS_SECRET_ACCESS_KEY"]}
 TRAINING_VENV = REPO / ".venvs" / "training"
 REGION = "us-east-1"
 
@@ -149,8 +155,7 @@ def moto_server() -> Iterator[str]:
 
 def cli_env(home: Path, endpoint: str) -> dict[str, str]:
     return {**os.environ, **TEST_SLOTS, "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION,
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0",
+            **FAKE_AWS, "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0",
             # The compute nodes' Neuron venv (/opt/aws_neuron_venv_pytorch) is the training venv.
             "LOCAL_UC_TRAINING_VENV": str(TRAINING_VENV)}
 

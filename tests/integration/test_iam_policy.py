@@ -138,7 +138,8 @@ def test_every_statement_that_writes_a_role_demands_the_boundary():
     for statement in allowing(document, "iam:AttachRolePolicy"):
         assert sorted(statement["Condition"]["ArnLike"]["iam:PolicyARN"]) == [
             "arn:aws:iam::<account-id>:policy/ultracluster-node-kms",
-            "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore", "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
+            "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+            "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
     # Moving the boundary away, or rewriting it, is denied outright.
     denied = [s for s in statements(document) if s["Effect"] == "Deny"]
     assert uncovered_actions({"Statement": [dict(s, Effect="Allow") for s in denied]},

@@ -170,7 +170,8 @@ def test_an_empty_permissions_boundary_is_refused_where_the_profile_requires_one
         with pytest.raises(AirflowFailException) as failed:
             run(local(), require_permissions_boundary=True, permissions_boundary_arn=empty)
         message = str(failed.value)
-        assert message.startswith("preflight found 1 problem, nothing was created:\n- permissions_boundary_arn: not set")
+        assert message.startswith("preflight found 1 problem, nothing was created:\n"
+                                  "- permissions_boundary_arn: not set")
         assert "ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN" in message and "PermissionsBoundaryArn" in message
     assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
     # Set, or not required (the local profile): the run goes on.

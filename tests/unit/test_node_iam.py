@@ -3,7 +3,6 @@ run.s3.customer_kms_key, which decides whether they need kms:Decrypt."""
 from __future__ import annotations
 
 import pytest
-
 from ultracluster.run import node_iam
 from ultracluster.run.s3 import customer_kms_key, sse_args
 
