@@ -132,6 +132,11 @@ with DAG(
         reservation_lead_s=PROFILE["fleet_timeout_s"],
         # Where this deployment's workers reach head nodes from: a run's ssh_allowed_cidr, if empty.
         default_ssh_allowed_cidr=PROFILE.get("head_node_ssh_cidr") or None,
+        # The cluster roles' boundary (required unless the profile says otherwise: the local one) and the
+        # nodes' kms:Decrypt policy (docs/operations.md, "Least privilege").
+        permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
+        require_permissions_boundary=PROFILE.get("require_permissions_boundary", True) is not False,
+        node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -173,13 +178,13 @@ with DAG(
         shared_storage_mount_dir="{{ params.shared_storage_mount_dir }}",
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
         artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
-        dataset_s3_uri="{{ params.dataset_s3_uri }}",
-        compile_cache_s3_uri="{{ params.compile_cache_s3_uri }}",
         extra_tags="{{ params.extra_tags }}",
         resource_ttl_hours="{{ params.resource_ttl_hours }}",
         aws_conn_id=AWS_CONN_ID,
         s3_encryption=S3_ENCRYPTION,
         permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
+        # With a customer managed KMS key: the managed policy that lets the nodes decrypt (run.node_iam).
+        node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
         # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
         pcluster_conn_id=PCLUSTER_CONN_ID,
     )

@@ -10,6 +10,8 @@ import ast
 import sys
 from pathlib import Path
 
+from generated import between_markers, write_or_check  # scripts/generated.py
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "plugins" / "ultracluster"
 DOC = REPO / "docs" / "architecture.md"
@@ -102,21 +104,11 @@ def map_markdown() -> str:
 
 
 def with_map(doc: str) -> str:
-    head, _, rest = doc.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{map_markdown()}{END}{tail}"
+    return between_markers(doc, BEGIN, END, map_markdown(), DOC)
 
 
 def main(argv: list[str]) -> int:
-    current = DOC.read_text()
-    wanted = with_map(current)
-    if "--check" in argv:
-        if current != wanted:
-            print("docs/architecture.md's map is stale: run python scripts/architecture.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
+    return write_or_check(DOC, with_map(DOC.read_text()), argv, __file__)
 
 
 if __name__ == "__main__":

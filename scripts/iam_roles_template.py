@@ -3,7 +3,7 @@
     python scripts/iam_roles_template.py          rewrite include/cluster/iam/roles.cfn.json
     python scripts/iam_roles_template.py --check  exit 1 when it disagrees with the policy files
 
-One source for each policy: include/cluster/iam/{airflow-policy,pcluster-role-policy,
+One source for each policy: include/cluster/iam/{airflow-policy,pcluster-role-policy,node-kms-policy,
 pcluster-permissions-boundary}.json, with their ``<placeholders>``. Here every placeholder becomes a
 stack parameter or a pseudo parameter (``Fn::Sub``), ``arn:aws:`` takes the stack's partition, and a
 statement that names the compile cache or the KMS key is kept only when that parameter is set
@@ -17,11 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from generated import write_or_check  # scripts/generated.py
+
 REPO = Path(__file__).resolve().parents[1]
 IAM = REPO / "include" / "cluster" / "iam"
 OUT = IAM / "roles.cfn.json"
 AIRFLOW_ROLE, PCLUSTER_ROLE = "ultracluster-airflow", "ultracluster-pcluster"
 BOUNDARY = "ultracluster-pcluster-boundary"
+NODE_KMS = "ultracluster-node-kms"  # the nodes' kms:Decrypt, attached by the config (run/node_iam.py)
 
 # Placeholder -> Fn::Sub variable. A prefix placeholder takes its slash along: the parameter holds
 # the prefix with its trailing slash, or nothing (the whole bucket).
@@ -35,6 +38,12 @@ SUBSTITUTIONS = {
 # A statement naming one of these is there only when its condition holds.
 CONDITIONAL = {"<compile-cache-bucket>": "HasCompileCache", "<kms-key-arn>": "HasKmsKey"}
 
+def _prefix(uri_param: str, default: str, empty: str) -> dict[str, str]:
+    """A key prefix parameter: with its trailing slash, or empty (``empty`` says what that means)."""
+    return {"Type": "String", "Default": default, "AllowedPattern": "(|[^*?]+/)",
+            "Description": f"{uri_param}'s key prefix with its trailing slash; empty: {empty}"}
+
+
 PARAMETERS = {
     "AirflowTrustedPrincipalArn": {
         "Type": "String", "Default": "",
@@ -42,16 +51,14 @@ PARAMETERS = {
                        "empty: the account, whose IAM policies then say who may"},
     "ArtifactsBucket": {"Type": "String", "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
                         "Description": "artifacts_s3_uri's bucket"},
-    "ArtifactsPrefix": {"Type": "String", "Default": "runs/", "AllowedPattern": "(|[^*?]+/)",
-                        "Description": "artifacts_s3_uri's key prefix with its trailing slash; empty: all of it"},
+    "ArtifactsPrefix": _prefix("artifacts_s3_uri", "runs/", "all of it"),
     "DatasetBucket": {"Type": "String", "Default": "neuron-s3", "Description": "dataset_s3_uri's bucket"},
     "DatasetKey": {"Type": "String", "Description": "dataset_s3_uri's key (the tar)",
                    "Default": "training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/"
                               "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"},
     "CompileCacheBucket": {"Type": "String", "Default": "",
                            "Description": "compile_cache_s3_uri's bucket; empty: no compile cache"},
-    "CompileCachePrefix": {"Type": "String", "Default": "", "AllowedPattern": "(|[^*?]+/)",
-                           "Description": "compile_cache_s3_uri's key prefix with its trailing slash, or empty"},
+    "CompileCachePrefix": _prefix("compile_cache_s3_uri", "", "all of it, or no compile cache"),
     "KmsKeyArn": {"Type": "String", "Default": "",
                   "Description": "s3_kms_key_id as a key ARN with SSE-KMS; empty with SSE-S3 (AES256)"},
 }
@@ -78,11 +85,12 @@ def _sub(value: Any) -> Any:
     return value
 
 
-def policy_document(path: Path) -> dict:
+def policy_document(path: Path, *, under: str | None = None) -> dict:
+    """The file's policy for the template; ``under``: the condition its resource has already."""
     document = json.loads(path.read_text())
     statements = []
     for statement in document["Statement"]:
-        conditions = sorted({CONDITIONAL[p] for p in _placeholders(statement) if p in CONDITIONAL})
+        conditions = sorted({CONDITIONAL[p] for p in _placeholders(statement) if p in CONDITIONAL} - {under})
         converted: Any = _sub(statement)
         for condition in conditions:
             converted = {"Fn::If": [condition, converted, {"Ref": "AWS::NoValue"}]}
@@ -97,7 +105,8 @@ def template() -> dict:
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "ultracluster's two roles: ultracluster-airflow (what the pipeline calls) and "
                        "ultracluster-pcluster (what the pcluster CLI and its stack need, assumed through the "
-                       "pcluster_default connection), and the boundary of every role pcluster creates. "
+                       "pcluster_default connection), the boundary of every role pcluster creates, and with a "
+                       "customer managed KMS key the nodes' kms:Decrypt on it. "
                        f"Generated by scripts/{Path(__file__).name} from include/cluster/iam/*.json: do not edit.",
         "Parameters": PARAMETERS,
         "Conditions": {
@@ -138,12 +147,23 @@ def template() -> dict:
                 },
                 "DependsOn": "PclusterBoundary",
             },
+            "NodeKmsPolicy": {
+                "Type": "AWS::IAM::ManagedPolicy",
+                "Condition": "HasKmsKey",
+                "Properties": {
+                    "ManagedPolicyName": NODE_KMS,
+                    "Description": "The cluster nodes' kms:Decrypt on the customer managed key, through S3 only",
+                    "PolicyDocument": policy_document(IAM / "node-kms-policy.json", under="HasKmsKey"),
+                },
+            },
         },
         "Outputs": {
             "AirflowRoleArn": {"Value": {"Fn::GetAtt": ["AirflowRole", "Arn"]}},
             "PclusterRoleArn": {"Value": {"Fn::GetAtt": ["PclusterRole", "Arn"]}},
             "PermissionsBoundaryArn": {"Description": "the profile's permissions_boundary_arn",
                                        "Value": {"Ref": "PclusterBoundary"}},
+            "NodeKmsPolicyArn": {"Description": "the profile's node_kms_policy_arn", "Condition": "HasKmsKey",
+                                 "Value": {"Ref": "NodeKmsPolicy"}},
         },
     }
 
@@ -153,14 +173,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if OUT.read_text() != text:
-            print(f"{OUT.relative_to(REPO)} is stale: run python scripts/{Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    return 0
+    return write_or_check(OUT, render(), argv, __file__)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from generated import between_markers, write_or_check  # scripts/generated.py
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "operations.md"
 START, END = "<!-- profile-table:start -->", "<!-- profile-table:end -->"
@@ -34,23 +36,11 @@ def render() -> str:
 
 
 def with_table(text: str) -> str:
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    if not rest:
-        raise SystemExit(f"{DOC} lacks the {START} marker")
-    return f"{head}{START}\n{render()}\n{END}{tail}"
+    return between_markers(text, START, END, render() + "\n", DOC)
 
 
 def main() -> int:
-    current = DOC.read_text()
-    wanted = with_table(current)
-    if "--check" in sys.argv[1:]:
-        if current != wanted:
-            print(f"{DOC} disagrees with include/profiles: run python scripts/profile_table.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
+    return write_or_check(DOC, with_table(DOC.read_text()), sys.argv[1:], __file__)
 
 
 if __name__ == "__main__":

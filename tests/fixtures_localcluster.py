@@ -38,9 +38,13 @@ PCLUSTER_BIN = LOCALCLUSTER_BIN / "pcluster"
 ADMIN_BIN = LOCALCLUSTER_BIN / "local-ultracluster"
 LOCALCLUSTER_PYTHON = LOCALCLUSTER_BIN / "python"
 MOTO_SERVER_MODULE = REPO / "localcluster" / "localcluster" / "moto_server.py"
-# The stand-in's moto_server plus the capacity reservations moto lacks (tests/fixtures/moto_capacity.py).
-MOTO_CAPACITY_SERVER = REPO / "tests" / "fixtures" / "moto_capacity.py"
 KEY_NAME = "ultracluster-local"
+# The local UltraCluster's fake AWS credentials (localcluster/aws.py's FAKE_CREDENTIALS, which
+# `local-ultracluster up` writes into airflow.env): recognisable by tests/log_scan.py.
+FAKE_AWS = {"AWS_ACCESS_KEY_ID": "AKIAUCFAKELOCAL00000",
+            "AWS_SECRET_ACCESS_KEY": "ucfakeSecretLocalUltraCluster/0000000000"}
+FAKE_AWS_CLIENT = {"aws_access_key_id": FAKE_AWS["AWS_ACCESS_KEY_ID"],   # boto3.client(**FAKE_AWS_CLIENT)
+                   "aws_secret_access_key": FAKE_AWS["AWS_SECRET_ACCESS_KEY"]}
 TRAINING_VENV = REPO / ".venvs" / "training"
 REGION = "us-east-1"
 
@@ -122,14 +126,14 @@ def install_moto_stack_deletes() -> None:
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
-    """The stand-in's AWS as `local-ultracluster up` starts it: moto with the stack deletes it lacks, and
-    the tests' capacity reservations."""
+    """The stand-in's AWS as `local-ultracluster up` starts it (localcluster/moto_server.py): moto with the
+    stack deletes, capacity reservations and managed IAM policies it lacks."""
     if not LOCALCLUSTER_PYTHON.exists():
         pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), str(MOTO_CAPACITY_SERVER), "-H", "127.0.0.1",
+    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.moto_server", "-H", "127.0.0.1",
                                 "-p", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -151,8 +155,7 @@ def moto_server() -> Iterator[str]:
 
 def cli_env(home: Path, endpoint: str) -> dict[str, str]:
     return {**os.environ, **TEST_SLOTS, "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION,
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0",
+            **FAKE_AWS, "LOCAL_ULTRACLUSTER_HOME": str(home), "LOCAL_UC_PROVISIONING_DELAY": "0",
             # The compute nodes' Neuron venv (/opt/aws_neuron_venv_pytorch) is the training venv.
             "LOCAL_UC_TRAINING_VENV": str(TRAINING_VENV)}
 

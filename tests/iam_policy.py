@@ -22,7 +22,25 @@ POLICY_DIR = Path(__file__).resolve().parents[1] / "include" / "cluster" / "iam"
 AIRFLOW_POLICY = POLICY_DIR / "airflow-policy.json"
 PCLUSTER_POLICY = POLICY_DIR / "pcluster-role-policy.json"
 BOUNDARY_POLICY = POLICY_DIR / "pcluster-permissions-boundary.json"
+NODE_KMS_POLICY = POLICY_DIR / "node-kms-policy.json"
 PLACEHOLDER = re.compile(r"<[a-z0-9-]+>")
+
+# The AWS managed policies the cluster's roles get, and the actions the boundary must leave them (AWS
+# Managed Policy Reference Guide). ParallelCluster attaches CloudWatchAgentServerPolicy (the CloudWatch
+# agent: all of it); the config AmazonSSMManagedInstanceCore to the head node, of which the boundary leaves
+# what SSM Session Manager needs (its "minimum instance permissions"): State Manager, Run Command,
+# inventory and patching are capped on purpose. test_iam_policy checks both against moto's copy of the
+# policies.
+MANAGED_POLICY_ACTIONS = {
+    "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy": (
+        "cloudwatch:PutMetricData", "ec2:DescribeVolumes", "ec2:DescribeTags", "logs:PutLogEvents",
+        "logs:PutRetentionPolicy", "logs:DescribeLogStreams", "logs:DescribeLogGroups", "logs:CreateLogStream",
+        "logs:CreateLogGroup", "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
+        "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries", "ssm:GetParameter"),
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore": (
+        "ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
+        "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"),
+}
 
 # IAM prefix of a botocore service name, where they differ.
 _IAM_PREFIX = {"service-quotas": "servicequotas"}

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import state
-from .aws import Aws, region_from_env
+from .aws import FAKE_CREDENTIALS, Aws, region_from_env
 from .spec import default_user
 from .worker import pid_alive, worker_alive
 
@@ -32,7 +32,6 @@ KEY_NAME = "ultracluster-local"
 DATASET_BUCKET = "neuron-s3"
 DATASET_KEY = ("training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/"
                "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar")
-DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 MOTO_START_TIMEOUT_S = 30.0
 
 
@@ -143,13 +142,13 @@ def upload_dataset(aws: Aws, tar: Path) -> str:
 def airflow_env_text(home: Path, endpoint: str, region: str, private_key: Path) -> str:
     pcluster = str(Path(sys.executable).with_name("pcluster"))
     cli_env = {"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": region, "LOCAL_ULTRACLUSTER_HOME": str(home),
-               **DUMMY_CREDENTIALS}
+               **FAKE_CREDENTIALS}
     if os.environ.get("LOCAL_UC_TRAINING_VENV"):   # the compute nodes' Neuron venv (runtime/neuron_tools.py)
         cli_env["LOCAL_UC_TRAINING_VENV"] = os.environ["LOCAL_UC_TRAINING_VENV"]
     connections = {
         "AIRFLOW_CONN_AWS_DEFAULT": {
-            "conn_type": "aws", "login": DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            "password": DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            "conn_type": "aws", "login": FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            "password": FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             "extra": {"region_name": region, "endpoint_url": endpoint}},
         "AIRFLOW_CONN_PCLUSTER_DEFAULT": {
             "conn_type": "pcluster", "extra": {"binary": pcluster, "region": region, "env": cli_env}},
@@ -177,7 +176,7 @@ def up(home: Path, endpoint: str, start: bool, dataset_tar: Path | None) -> list
     else:
         raise AdminError(f"nothing answers at {endpoint} and --no-moto was given")
     os.environ["AWS_ENDPOINT_URL"] = endpoint
-    for name, value in DUMMY_CREDENTIALS.items():
+    for name, value in FAKE_CREDENTIALS.items():
         os.environ.setdefault(name, value)
     region = region_from_env()
     aws = Aws(region)

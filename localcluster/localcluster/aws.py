@@ -56,6 +56,11 @@ def endpoint_url(url: str | None = None) -> str:
     return url
 
 
+# moto takes any credentials. The local ones are fakes a log scan recognises: an access key id's
+# shape, and the "ucfake" marker in both (tests/log_scan.py; docs/local-cluster.md).
+FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "AKIAUCFAKELOCAL00000",
+                    "AWS_SECRET_ACCESS_KEY": "ucfakeSecretLocalUltraCluster/0000000000"}
+
 # Any AMI id does for moto; instances record node lives, they run nothing.
 LOCAL_AMI = "ami-0ac1057e1a5e1a5e1"
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
@@ -68,8 +73,8 @@ class Aws:
         # Slurm's power programs run with a bare environment: moto takes any credentials.
         self._session = boto3.session.Session(
             region_name=region,
-            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or "local-ultracluster",
-            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or "local-ultracluster")
+            aws_access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or FAKE_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or FAKE_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
 
     def client(self, service: str) -> Any:
         return self._session.client(service, endpoint_url=self.endpoint, config=_FAST_FAIL)

@@ -28,7 +28,7 @@ from .cli_args import (
     _file_text,
     _matching,
 )
-from .aws import Aws, LogGroupExists, NotLoopback, region_from_env
+from .aws import FAKE_CREDENTIALS, Aws, LogGroupExists, NotLoopback, region_from_env
 from .spec import ClusterSpec, default_user
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn, worker_alive
@@ -348,8 +348,8 @@ def run(argv: list[str]) -> dict[str, Any]:
     if getattr(args, "region", None):
         os.environ["AWS_DEFAULT_REGION"] = args.region
     # moto accepts any credentials; without these botocore would stop with NoCredentialsError.
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    for name, value in FAKE_CREDENTIALS.items():
+        os.environ.setdefault(name, value)
     result = args.func(args)
     return jmespath.search(args.query, result) if args.query else result
 

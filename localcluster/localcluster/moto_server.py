@@ -6,7 +6,9 @@ no-ops, so DeleteStack fails with DependencyViolation on the VPC after forgettin
 the network stays. Real CloudFormation deletes them. This module gives moto the missing deletes,
 so the product's delete_vpc needs no moto workaround, and the PutCompositeAlarm action the cluster
 stack's head-node alarm needs (moto stores composite alarms but does not route the action). Stdlib
-and moto only: the tests load it into an in-process moto too (``install()``).
+and moto only: the tests load it into an in-process moto too (``install()``). The server also
+answers capacity reservations and Capacity Blocks (``moto_capacity``), and knows AWS's managed IAM
+policies, as an account does (pcluster's validator reads AdditionalIamPolicies' with iam:GetPolicy).
 
 A delete that still fails (a resource with a real dependency, e.g. a VPC holding a subnet made
 outside the stack) ends as on AWS: the stack stays, DELETE_FAILED, with a DELETE_FAILED event per
@@ -172,9 +174,15 @@ def install_put_composite_alarm() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import os
+
     from moto.server import main as moto_main
 
+    from localcluster import moto_capacity
+
+    os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")  # read when an account's IAM starts
     install()
+    moto_capacity.install()
     moto_main(argv if argv is not None else sys.argv[1:])
 
 

@@ -315,16 +315,33 @@ def test_capacity_and_ssh_reach_render_config_and_preflight(dag):
     assert preflight.default_ssh_allowed_cidr == (profile["head_node_ssh_cidr"] or None)
 
 
+# The deployment's IAM settings, as the production profile reads them from the environment.
+IAM_ENV = {"ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN": "arn:aws:iam::123456789012:policy/b",
+           "ULTRACLUSTER_NODE_KMS_POLICY_ARN": "arn:aws:iam::123456789012:policy/k"}
+
+
 @pytest.mark.parametrize("profile", ["production", "local"])
 def test_each_profile_parses_and_its_defaults_validate(profile):
+    """... and its IAM settings reach preflight and render_config: the boundary of pcluster's roles is
+    required unless a profile opts out (the local one: its pcluster creates no roles), and the nodes'
+    KMS policy goes to both (docs/operations.md, "Least privilege")."""
     code = (
+        "import os\n"
+        f"os.environ.update({IAM_ENV!r})\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
         f"bag = DagBag(dag_folder={str(DAGS)!r})\n"
         "assert bag.import_errors == {}, bag.import_errors\n"
-        f"values = bag.dags[{DAG_ID!r}].params.validate()\n"
+        f"dag = bag.dags[{DAG_ID!r}]\n"
+        "values = dag.params.validate()\n"
         "from ultracluster.run.plan import validate_plan\n"
         "validate_plan(values)\n"
-        "print(values['num_nodes'], values['model_size'])\n"
+        "preflight, render = dag.get_task('preflight'), dag.get_task('render_config')\n"
+        "print(values['num_nodes'], values['model_size'], preflight.require_permissions_boundary,\n"
+        "      preflight.permissions_boundary_arn, render.permissions_boundary_arn,\n"
+        "      preflight.node_kms_policy_arn, render.node_kms_policy_arn)\n"
     )
-    expected = {"production": "16 large", "local": "2 tiny"}[profile]
-    assert run_python(code, profile) == expected
+    boundary, kms = IAM_ENV["ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN"], IAM_ENV["ULTRACLUSTER_NODE_KMS_POLICY_ARN"]
+    expected = {"production": ["16", "large", "True", boundary, boundary, kms, kms],
+                "local": ["2", "tiny", "False", "None", "None", "None", "None"]}[profile]  # local reads no env
+    assert run_python(code, profile).split() == expected
+

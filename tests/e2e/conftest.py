@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures_localcluster import REGION, cli_env, free_port, prepared_home, processes_mentioning, run_pcluster
+from tests.fixtures_localcluster import (
+    FAKE_AWS_CLIENT,
+    REGION,
+    cli_env,
+    free_port,
+    prepared_home,
+    processes_mentioning,
+    run_pcluster,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".venvs"
@@ -42,8 +50,7 @@ RUNTIME_READY = os.geteuid() == 0 and bool(shutil.which("slurmctld")) and Path("
 
 def s3_client(endpoint: str):
     import boto3
-    return boto3.client("s3", region_name=REGION, endpoint_url=endpoint,
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client("s3", region_name=REGION, endpoint_url=endpoint, **FAKE_AWS_CLIENT)
 
 
 @pytest.fixture(scope="session")
@@ -185,12 +192,13 @@ def stop_airflow(env: dict[str, str]) -> None:
     shutil.rmtree(env["ULTRACLUSTER_PG_HOME"], ignore_errors=True)
 
 
-# Recognisable secrets of the shared deployment (moto takes any credentials): no log, XCom or rendered
-# field may ever hold them (test_pipeline.py's last test looks).
+# Recognisable secrets of the shared deployment (moto takes any credentials), each with the local fakes'
+# marker (tests/log_scan.py): no log, XCom or rendered field may ever hold them (test_pipeline.py and
+# test_fault_matrix.py scan for them).
 SECRETS = {
-    "aws_secret_access_key": f"ucSecretAwsKey{secrets.token_hex(8)}",
-    "aws_session_token": f"ucSecretSessionToken{secrets.token_hex(8)}",
-    "api_password": f"uc-secret-api-{secrets.token_hex(6)}",
+    "aws_secret_access_key": f"ucfakeSecretAwsKey{secrets.token_hex(11)}",   # 40 characters, as AWS's
+    "aws_session_token": f"ucfakeSessionToken{secrets.token_hex(16)}",
+    "api_password": f"ucfake-api-{secrets.token_hex(6)}",
 }
 
 
@@ -229,8 +237,7 @@ def assert_nothing_left(env: dict[str, str], uc_home: Path) -> None:
     import boto3
     code, listed = run_pcluster(env, "list-clusters")
     assert code == 0 and listed["clusters"] == [], listed
-    kwargs = dict(region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"],
-                  aws_access_key_id="testing", aws_secret_access_key="testing")
+    kwargs = dict(region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"], **FAKE_AWS_CLIENT)
     stacks = boto3.client("cloudformation", **kwargs).list_stacks()["StackSummaries"]
     live = [s["StackName"] for s in stacks if s["StackStatus"] != "DELETE_COMPLETE"]
     assert live == [], f"stacks left: {live}"
@@ -253,3 +260,22 @@ def results_in_s3(env: dict[str, str], prefix: str) -> dict[str, int]:
     s3 = s3_client(env["AWS_ENDPOINT_URL"])
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket="ultracluster-artifacts", Prefix=prefix)
     return {obj["Key"]: obj["Size"] for page in pages for obj in page.get("Contents", [])}
+
+
+def deployment_secrets(env: dict[str, str]) -> dict[str, str]:
+    """The shared deployment's secret values as they would appear in text, by name: its AWS keys (Airflow's
+    connection and the pcluster CLI's), the passwords file's values, the database password and the SSH
+    private key's first body lines (tests/log_scan.py looks for each)."""
+    aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+    cli = json.loads(env["AIRFLOW_CONN_PCLUSTER_DEFAULT"])["extra"]["env"]
+    values = {"aws_default's access key id": aws["login"], "aws_default's secret key": aws["password"],
+              "aws_default's session token": aws["extra"].get("aws_session_token", ""),
+              "pcluster's secret key": cli.get("AWS_SECRET_ACCESS_KEY", "")}
+    home = Path(env["AIRFLOW_HOME"])
+    values.update({f"the passwords file's {user}": password
+                   for user, password in json.loads((home / "passwords.json").read_text()).items()})
+    values["the database password"] = (Path(env["ULTRACLUSTER_PG_HOME"]) / "password").read_text().strip()
+    key_file = json.loads(env["AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE"])["extra"]["key_file"]
+    body = [line for line in Path(key_file).read_text().splitlines() if line and "PRIVATE KEY" not in line]
+    values.update({f"ssh private key line {i}": line for i, line in enumerate(body[:3], 1)})
+    return values

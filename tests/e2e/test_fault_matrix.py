@@ -22,8 +22,9 @@ from ultracluster.run.names import cluster_name_for, safe_run_id
 from ultracluster.run.names import slurm_job_name
 
 from tests.e2e import fault_actions as fa
-from tests.e2e.conftest import DAG_ID, RUNTIME_READY, assert_nothing_left
+from tests.e2e.conftest import DAG_ID, RUNTIME_READY, assert_nothing_left, deployment_secrets
 from tests.e2e.test_preflight_e2e import task_log
+from tests.log_scan import read_logs, scan
 
 # The first case's set-up runs the whole matrix (about 12 minutes alone; longer beside the other
 # worker's tests): past pytest.ini's 900 s per test.
@@ -299,3 +300,18 @@ def test_concurrent_runs_kept_apart(matrix, airflow_local):
         seen["job_dir"].add(train["output_dir"].rsplit("/output_", 1)[0])
         seen["results"].add(results["artifacts_uri"])
     assert all(len(values) == len(runs) for values in seen.values()), seen
+
+
+def test_no_secret_in_the_fault_runs_logs(matrix, airflow_local):
+    """Every task log of every run of the matrix, every try (faults make retries, kills, restarts), is free
+    of AWS keys, session tokens, presigned URL signatures and passwords (tests/log_scan.py)."""
+    _, env = airflow_local
+    logs = Path(env["AIRFLOW_HOME"]) / "logs" / f"dag_id={DAG_ID}"
+    texts = {}
+    for run in matrix.values():
+        found = read_logs(logs / f"run_id={run.run_id}") if (logs / f"run_id={run.run_id}").is_dir() else {}
+        texts.update({f"{run.run_id}/{name}": text for name, text in found.items()})
+        assert found or run.refused, f"no task log of {run.case} under {logs}"
+    assert len(texts) >= len(matrix), sorted(texts)
+    leaks = scan(texts, deployment_secrets(env))
+    assert not leaks, "\n".join(map(str, leaks[:40]))

@@ -8,6 +8,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client
 from tests.e2e.test_sweep import unpaused  # noqa: F401 - fixture
+from tests.fixtures_localcluster import FAKE_AWS_CLIENT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -46,7 +47,7 @@ def test_bad_confs_fail_in_preflight_on_the_first_try_and_create_nothing(airflow
     import boto3
 
     cfn = boto3.client("cloudformation", region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"],
-                       aws_access_key_id="testing", aws_secret_access_key="testing")
+                       **FAKE_AWS_CLIENT)
     stacks_before = {s["StackId"] for s in cfn.list_stacks()["StackSummaries"]}
     started = time.monotonic()
     runs = {name: api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]

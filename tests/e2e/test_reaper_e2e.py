@@ -10,6 +10,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY
 from tests.e2e.test_sweep import unpaused  # noqa: F401 - fixture
+from tests.fixtures_localcluster import FAKE_AWS_CLIENT
 from tests.localcluster.test_reaper_local import create_stack, stack_status
 from ultracluster.run.tags import DAG_ID_TAG, RUN_ID_TAG, ownership_tags
 
@@ -23,8 +24,7 @@ def test_the_reaper_dag_deletes_an_ended_runs_stack_and_nothing_else(airflow_loc
     import boto3
 
     api, env = airflow_local
-    kw = dict(region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-              aws_secret_access_key="testing")
+    kw = dict(region_name="us-east-1", endpoint_url=env["AWS_ENDPOINT_URL"], **FAKE_AWS_CLIENT)
     aws = {"cfn": boto3.client("cloudformation", **kw), "ec2": boto3.client("ec2", **kw)}
     ended = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns",
                      {"logical_date": None, "conf": {"num_nodes": 2, "max_nodes": 1}})["dag_run_id"]

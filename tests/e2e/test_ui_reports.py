@@ -23,6 +23,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client
 from tests.e2e.test_ui_browser import SHOTS, browser, logged_in_page  # noqa: F401 - fixture
+from tests.fixtures_localcluster import FAKE_AWS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -71,7 +72,8 @@ def write_alone_report(env: dict[str, str]) -> None:
     xcoms = {entry["run_id"]: values for entry, _, values in runs}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AIRFLOW_CONN_UC_E2E_AWS", json.dumps({
-            "conn_type": "aws", "login": "testing", "password": "testing",
+            "conn_type": "aws", "login": FAKE_AWS["AWS_ACCESS_KEY_ID"],
+            "password": FAKE_AWS["AWS_SECRET_ACCESS_KEY"],
             "extra": {"endpoint_url": env["AWS_ENDPOINT_URL"], "region_name": "us-east-1"}}))
         ScalingReportOperator(task_id="build_report", aws_conn_id="uc_e2e_aws",
                               state_lookup=lambda dag_id, run_id: states[run_id],

@@ -1,6 +1,6 @@
 """preflight's capacity checks against the moto server: reservations made as a user makes them (an
 On-Demand Capacity Reservation with CreateCapacityReservation, a Capacity Block bought from an offering;
-tests/fixtures/moto_capacity.py), each way one cannot serve the run, a resource group's reservations
+localcluster/moto_capacity.py), each way one cannot serve the run, a resource group's reservations
 (moto routes no ListGroupResources: a botocore Stubber answers that one call), the reservation's price
 in the cost estimate, and the head node's SSH refused or explicitly allowed."""
 from __future__ import annotations
@@ -41,7 +41,7 @@ def long_run(**changes) -> dict:
 def preflight(params: dict, deployment_cidr: str | None = load_profile("local")["head_node_ssh_cidr"]) -> dict:
     op = PreflightOperator(task_id="preflight", schedule_period=timedelta(days=7), artifacts_s3_uri=
                            "s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws", reservation_lead_s=LEAD_S,
-                           default_ssh_allowed_cidr=deployment_cidr)
+                           default_ssh_allowed_cidr=deployment_cidr, require_permissions_boundary=False)
     return op.execute({"params": params, "run_id": "manual__capacity", "logical_date": None,
                        "dag": SimpleNamespace(dag_id="trn1_bert_pretrain")})
 

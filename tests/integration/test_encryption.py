@@ -167,7 +167,8 @@ def test_the_sweep_index_and_the_write_probe_are_encrypted(artifacts, monkeypatc
     from ultracluster.operators.preflight import PreflightOperator
 
     op = PreflightOperator(task_id="preflight", schedule_period=timedelta(days=7),
-                           artifacts_s3_uri=f"s3://{BUCKET}/runs", aws_conn_id="uc_test_aws", s3_encryption=KMS)
+                           artifacts_s3_uri=f"s3://{BUCKET}/runs", aws_conn_id="uc_test_aws", s3_encryption=KMS,
+                           node_kms_policy_arn="arn:aws:iam::123456789012:policy/ultracluster-node-kms")
     point = {"id": "s1", "index": 0, "count": 2, "points": [1, 2], "num_nodes": 1, "scaling_mode": "weak",
              "chosen_by": "point"}
     op._index({"dag": SimpleNamespace(dag_id="trn1_bert_pretrain"), "run_id": RUN_ID}, {"sweep_point": point}, {})
@@ -195,7 +196,8 @@ def test_render_config_uploads_the_config_and_the_node_script_encrypted(s3):
     params = load_profile("production")
     context = make_context(params)
     context["dag_run"] = SimpleNamespace(start_date=datetime(2026, 12, 1, 8, 0, tzinfo=timezone.utc))
-    result = render_op(params, s3_encryption=KMS).execute(context)
+    result = render_op(params, s3_encryption=KMS,
+                       node_kms_policy_arn="arn:aws:iam::123456789012:policy/ultracluster-node-kms").execute(context)
     script = result["on_node_configured_s3_uri"].split("/", 3)[3]
     for key in (result["config_s3_key"], script):
         assert encryption(s3, key) == ("aws:kms", KMS["SSEKMSKeyId"])

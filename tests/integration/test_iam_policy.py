@@ -16,6 +16,8 @@ import pytest
 from tests.iam_policy import (
     AIRFLOW_POLICY,
     BOUNDARY_POLICY,
+    MANAGED_POLICY_ACTIONS,
+    NODE_KMS_POLICY,
     PCLUSTER_POLICY,
     PLACEHOLDER,
     POLICY_DIR,
@@ -79,7 +81,7 @@ def test_the_airflow_policy_has_iams_shape_and_no_wildcard_grants():
 
 def test_every_placeholder_is_explained_in_the_docs():
     doc = (REPO / "docs" / "operations.md").read_text()
-    used = {p for path in (AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY)
+    used = {p for path in (AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY, NODE_KMS_POLICY)
             for p in PLACEHOLDER.findall(path.read_text())}
     assert used >= {"<region>", "<account-id>", "<artifacts-bucket>", "<artifacts-prefix>"}
     assert [p for p in sorted(used) if f"`{p}`" not in doc] == []
@@ -105,7 +107,8 @@ def test_the_pcluster_role_policy_has_iams_shape_and_no_service_wide_grants():
     assert len(json.dumps(render_policy(BOUNDARY_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
 
 
-@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY, NODE_KMS_POLICY],
+                         ids=lambda p: p.stem)
 def test_every_action_exists_takes_its_resources_and_its_condition_keys(path):
     """Against IAM's Service Authorization Reference: no unknown action, no action that has no
     resource-level permissions under named resources (never matched: denied in production), no
@@ -130,10 +133,13 @@ def test_every_statement_that_writes_a_role_demands_the_boundary():
         for statement in found:
             assert statement["Condition"]["StringEquals"]["iam:PermissionsBoundary"] == BOUNDARY_ARN, statement["Sid"]
             assert statement["Resource"] == ["arn:aws:iam::<account-id>:role/parallelcluster/*"], statement["Sid"]
-    # Attaching: only the managed policies the stack attaches.
+    # Attaching: only the managed policies the stack attaches: AWS's for the CloudWatch agent and SSM, and
+    # the nodes' kms:Decrypt (include/cluster/iam/node-kms-policy.json), each named.
     for statement in allowing(document, "iam:AttachRolePolicy"):
-        assert all(arn.startswith("arn:aws:iam::aws:policy/") and "*" not in arn
-                   for arn in statement["Condition"]["ArnLike"]["iam:PolicyARN"])
+        assert sorted(statement["Condition"]["ArnLike"]["iam:PolicyARN"]) == [
+            "arn:aws:iam::<account-id>:policy/ultracluster-node-kms",
+            "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+            "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
     # Moving the boundary away, or rewriting it, is denied outright.
     denied = [s for s in statements(document) if s["Effect"] == "Deny"]
     assert uncovered_actions({"Statement": [dict(s, Effect="Allow") for s in denied]},
@@ -146,6 +152,35 @@ def test_every_statement_that_writes_a_role_demands_the_boundary():
         "iam:ListRolePolicies", "iam:ListAttachedRolePolicies", "iam:GetInstanceProfile", "iam:CreateInstanceProfile",
         "iam:DeleteInstanceProfile", "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
         "iam:PassRole", "iam:CreateServiceLinkedRole", "iam:GetPolicy"}
+
+
+def test_the_nodes_kms_policy_grants_decrypt_on_the_key_through_s3_only_and_the_boundary_leaves_it():
+    document = render_policy(NODE_KMS_POLICY.read_text(), VALUES)
+    _shape(json.loads(NODE_KMS_POLICY.read_text()))
+    [statement] = statements(document)
+    assert (statement["Effect"], statement["Action"], statement["Resource"]) == (
+        "Allow", ["kms:Decrypt"], [VALUES["kms-key-arn"]])
+    assert statement["Condition"] == {"StringEquals": {"kms:ViaService": "s3.us-east-1.amazonaws.com"}}
+    boundary = render_policy(BOUNDARY_POLICY.read_text(), VALUES)
+    assert statement in statements(boundary)  # the same statement: the boundary caps it to exactly that
+
+
+def test_the_managed_policies_actions_are_aws_own():
+    """The actions the boundary must leave the roles (tests/iam_policy.py) are in the AWS managed
+    policies' documents (moto's copy of them), each named."""
+    from moto.iam.aws_managed_policies import aws_managed_policies_data
+
+    data = json.loads(aws_managed_policies_data)
+    for arn, actions in MANAGED_POLICY_ACTIONS.items():
+        document = data[arn.rsplit("/", 1)[1]]
+        document = document.get("Document", document)
+        granted = {a for s in statements(document) for a in ([s["Action"]] if isinstance(s["Action"], str)
+                                                               else s["Action"])}
+        assert set(actions) <= granted, (arn, set(actions) - granted)
+    boundary = render_policy(BOUNDARY_POLICY.read_text(), VALUES)
+    assert uncovered_actions(boundary, [a for actions in MANAGED_POLICY_ACTIONS.values() for a in actions]) == []
+    assert uncovered_actions(boundary, ["ssm:SendCommand", "ssm:GetDocument"]) == ["ssm:GetDocument",
+                                                                                 "ssm:SendCommand"]
 
 
 def test_a_role_without_the_boundary_cannot_be_created():

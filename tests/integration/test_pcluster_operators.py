@@ -519,7 +519,6 @@ def aws_side_tasks(params: dict):
             min_nodes=params["min_nodes"], max_nodes=params["max_nodes"], extra_queues=params["extra_queues"],
             shared_storage_mount_dir=params["shared_storage_mount_dir"],
             fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"], artifacts_s3_uri=params["artifacts_s3_uri"],
-            dataset_s3_uri=params["dataset_s3_uri"], compile_cache_s3_uri=params["compile_cache_s3_uri"],
             extra_tags=params["extra_tags"], ssh_allowed_cidr=params["head_node_ssh_cidr"])
 
     def delete_vpc(network, cluster_name=None):

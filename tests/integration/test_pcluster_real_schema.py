@@ -8,7 +8,7 @@ changes are checked here as they land. Where the venv is missing: a failure unde
 
 The last tests run the real `pcluster create-cluster --dryrun true` against a moto server
 (docs/operations.md, "The real ParallelCluster in the tests"), every capacity variant included: the
-tests' moto answers capacity reservations (tests/fixtures/moto_capacity.py); the validators it cannot
+local UltraCluster's moto answers capacity reservations (localcluster/moto_capacity.py); the validators it cannot
 answer are suppressed per variant, each logged with its reason (``CAPACITY_MOTO_GAPS``).
 """
 from __future__ import annotations
@@ -26,6 +26,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests.iam_policy import MANAGED_POLICY_ACTIONS, render_policy, statements
+from tests.iam_policy import NODE_KMS_POLICY as NODE_KMS_FILE
 from ultracluster.operators.cluster_config import (
     RenderClusterConfigOperator,
     render_cluster_config,
@@ -119,6 +121,18 @@ CAPACITY = {
 }
 
 
+KEY_ARN = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+NODE_KMS_POLICY = "arn:aws:iam::123456789012:policy/ultracluster-node-kms"
+# Every encryption a deployment may choose, and whether its key is a customer managed one.
+ENCRYPTION = {
+    "s3": {"s3_encryption": "AES256", "s3_kms_key_id": ""},
+    "kms_aws_managed": {"s3_encryption": "aws:kms", "s3_kms_key_id": ""},
+    "kms_customer": {"s3_encryption": "aws:kms", "s3_kms_key_id": KEY_ARN, "node_kms_policy_arn": NODE_KMS_POLICY},
+    "kms_customer_alias": {"s3_encryption": "aws:kms", "s3_kms_key_id": "alias/ultracluster",
+                           "node_kms_policy_arn": NODE_KMS_POLICY},
+}
+
+
 CASES = {
     "production": production(),
     "local": load_profile("local"),
@@ -133,6 +147,8 @@ CASES = {
     **{f"capacity_{name}": production(**changes) for name, changes in CAPACITY.items()},
     "ssh_prefix_list": production(ssh_allowed_cidr="pl-0123456789abcdef0"),
     "ssh_world_allowed": production(ssh_allowed_cidr=None, allow_world_ssh=True),
+    # The node roles' KMS grant (run.node_iam): only a customer managed key adds the node KMS policy.
+    **{f"sse_{name}": production(**changes) for name, changes in ENCRYPTION.items()},
 }
 
 
@@ -200,6 +216,52 @@ def test_the_head_nodes_ssh_is_what_the_param_says():
     assert yaml.safe_load(render(CASES["ssh_world_allowed"]))["HeadNode"]["Ssh"]["AllowedIps"] == "0.0.0.0/0"
     with pytest.raises(ConfigValidationError, match="ssh_allowed_cidr: not set"):
         render(production(ssh_allowed_cidr=None))
+
+
+def node_role_grants(config: dict, iam: dict) -> set[str]:
+    """The actions a node role gets from the config, as ParallelCluster 3.16.1 builds them
+    (``_add_s3_access_policies_to_role``: s3:Get* and s3:List* on a read-only entry, s3:* with
+    EnableWriteAccess; each AdditionalIamPolicies policy's own actions), and its CloudWatch agent's policy."""
+
+    documents = {NODE_KMS_POLICY: render_policy(NODE_KMS_FILE.read_text(), {"kms-key-arn": KEY_ARN,
+                                                                            "region": "us-east-1"})}
+    granted = set()
+    for access in iam.get("S3Access", []):
+        granted |= {"s3:*"} if access.get("EnableWriteAccess") else {"s3:Get*", "s3:List*"}
+    for entry in iam.get("AdditionalIamPolicies", []):
+        arn = entry["Policy"]
+        if arn in documents:
+            granted |= {a for s in statements(documents[arn]) for a in s["Action"]}
+        else:
+            granted |= set(MANAGED_POLICY_ACTIONS[arn])
+    assert config["Monitoring"]["Logs"]["CloudWatch"]["Enabled"] is True  # ParallelCluster adds the agent's policy
+    return granted | set(MANAGED_POLICY_ACTIONS["arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"])
+
+
+@pytest.mark.parametrize("name", list(ENCRYPTION))
+def test_the_node_roles_read_the_runs_prefix_and_decrypt_only_with_a_customer_key(name):
+    """No S3 write for any node role, S3 only under the run's prefix, and kms:Decrypt exactly when a
+    customer managed key encrypts the node script; the head node also gets SSM Session Manager."""
+    config = yaml.safe_load(render(CASES[f"sse_{name}"]))
+    roles = {"HeadNode": config["HeadNode"]["Iam"],
+             **{q["Name"]: q["Iam"] for q in config["Scheduling"]["SlurmQueues"]}}
+    customer = "node_kms_policy_arn" in ENCRYPTION[name]
+    script_prefix = SCRIPT_URI.removeprefix("s3://ultracluster-artifacts/").rsplit("/", 1)[0]
+    for role, iam in roles.items():
+        assert iam["S3Access"] == [{"BucketName": "ultracluster-artifacts", "KeyName": f"{script_prefix}/*"}], role
+        granted = node_role_grants(config, iam)
+        s3_writes = {a for a in granted if a.startswith("s3:") and not a.startswith(("s3:Get", "s3:List"))}
+        assert s3_writes == set(), (role, s3_writes)
+        assert ("kms:Decrypt" in granted) is customer, (role, granted)
+        assert (NODE_KMS_POLICY in [p["Policy"] for p in iam.get("AdditionalIamPolicies", [])]) is customer
+    assert "ssm:UpdateInstanceInformation" in node_role_grants(config, roles["HeadNode"])
+    assert "AdditionalIamPolicies" not in roles["compute1"] or customer
+    # What it catches: write access or a KMS policy without a customer key.
+    assert "s3:*" in node_role_grants(config, {"S3Access": [{"BucketName": "b", "EnableWriteAccess": True}]})
+    # A customer key without the node policy is never rendered (preflight refuses it first).
+    if customer:
+        with pytest.raises(ConfigValidationError, match="node_kms_policy_arn: not set"):
+            render(production(**{**ENCRYPTION[name], "node_kms_policy_arn": ""}))
 
 
 def test_multi_queue_config_keeps_its_queues():

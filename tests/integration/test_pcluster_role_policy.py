@@ -26,6 +26,7 @@ import pytest
 
 from tests.iam_policy import (
     BOUNDARY_POLICY,
+    MANAGED_POLICY_ACTIONS,
     PCLUSTER_POLICY,
     allowing,
     denials,
@@ -57,7 +58,8 @@ REPO = Path(__file__).resolve().parents[2]
 SYNTH = REPO / "scripts" / "pcluster_synth.py"
 REGION, ACCOUNT = "us-east-1", "123456789012"  # moto's account
 VALUES = {"region": REGION, "account-id": ACCOUNT,  # and the production profile's artifacts_s3_uri
-          "artifacts-bucket": "ultracluster-artifacts", "artifacts-prefix": "runs"}
+          "artifacts-bucket": "ultracluster-artifacts", "artifacts-prefix": "runs",
+          "kms-key-arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/not-used-with-AES256"}
 BOUNDARY_ARN = f"arn:aws:iam::{ACCOUNT}:policy/ultracluster-pcluster-boundary"
 CLUSTER = cluster_name_for(RUN_ID)
 # What CloudFormation fills in for the stack's pseudo parameters.
@@ -65,15 +67,6 @@ PSEUDO = {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCO
           "AWS::StackName": CLUSTER,
           "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{CLUSTER}/5b2c6a10-2f0e-11f1-9c1e-0a1b"}
 
-# The AWS managed policy ParallelCluster attaches to the roles it creates (the nodes'), and its actions
-# (AWS Managed Policy Reference Guide, "CloudWatchAgentServerPolicy"): the boundary must leave them.
-MANAGED_POLICY_ACTIONS = {
-    "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy": (
-        "cloudwatch:PutMetricData", "ec2:DescribeVolumes", "ec2:DescribeTags", "logs:PutLogEvents",
-        "logs:PutRetentionPolicy", "logs:DescribeLogStreams", "logs:DescribeLogGroups", "logs:CreateLogStream",
-        "logs:CreateLogGroup", "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
-        "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries", "ssm:GetParameter"),
-}
 # botocore service names whose IAM prefix differs.
 IAM_PREFIX = {"efs": "elasticfilesystem", "resourcegroupstaggingapi": "tag", "service-quotas": "servicequotas"}
 # Calls that need no permission.

@@ -34,11 +34,12 @@ def s3(aws_conn, moto_endpoint):
 
 
 def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_usd=None,
-        estimate_boot_time: bool = False) -> dict:
+        estimate_boot_time: bool = False, **deployment) -> dict:
+    deployment.setdefault("require_permissions_boundary", False)  # the local profile's
     op = PreflightOperator(task_id="preflight", schedule_period=WEEK, max_cost_usd=max_cost_usd,
                            artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws",
                            estimate_boot_time=estimate_boot_time,
-                           default_ssh_allowed_cidr=load_profile("local")["head_node_ssh_cidr"])
+                           default_ssh_allowed_cidr=load_profile("local")["head_node_ssh_cidr"], **deployment)
     context = {"params": params, "run_id": run_id, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
                "logical_date": None if weeks is None else ORIGIN + weeks * WEEK}
     return op.execute(context)
@@ -156,3 +157,32 @@ def test_a_prebuilt_image_boots_in_parallelclusters_own_time(s3):
 
 def test_the_local_profile_does_not_estimate(s3):
     assert run(local())["boot"] is None
+
+
+BOUNDARY = "arn:aws:iam::123456789012:policy/ultracluster-pcluster-boundary"
+KMS = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "arn:aws:kms:us-east-1:123456789012:key/uc-test"}
+
+
+def test_an_empty_permissions_boundary_is_refused_where_the_profile_requires_one(s3):
+    """The production profile requires it (the pcluster role creates roles only with it); the local one
+    opts out. Refused before anything is created, naming the profile key and where its value comes from."""
+    for empty in (None, ""):
+        with pytest.raises(AirflowFailException) as failed:
+            run(local(), require_permissions_boundary=True, permissions_boundary_arn=empty)
+        message = str(failed.value)
+        assert message.startswith("preflight found 1 problem, nothing was created:\n"
+                                  "- permissions_boundary_arn: not set")
+        assert "ULTRACLUSTER_PERMISSIONS_BOUNDARY_ARN" in message and "PermissionsBoundaryArn" in message
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
+    # Set, or not required (the local profile): the run goes on.
+    assert run(local(), require_permissions_boundary=True, permissions_boundary_arn=BOUNDARY)["plan"]
+    assert run(local(), require_permissions_boundary=False)["plan"]
+    assert load_profile("production")["require_permissions_boundary"] is True
+    assert load_profile("local")["require_permissions_boundary"] is False
+
+
+def test_a_customer_kms_key_needs_the_nodes_kms_policy(s3):
+    """Without it the nodes could not read their node script: refused in preflight, not after the boot."""
+    with pytest.raises(AirflowFailException, match="node_kms_policy_arn: not set, but s3_kms_key_id"):
+        run(local(), s3_encryption=KMS)
+    assert run(local(), s3_encryption=KMS, node_kms_policy_arn="arn:aws:iam::123456789012:policy/uc-node-kms")["plan"]

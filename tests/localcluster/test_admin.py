@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.fixtures_localcluster import (
+    FAKE_AWS,
     REGION,
     TEST_SLOTS,
     cluster_config,
@@ -110,11 +111,16 @@ def test_up_is_idempotent_writes_connections_and_down_stops_moto(
     assert connections["ULTRACLUSTER_PROFILE"] == "local"
     aws_conn = json.loads(connections["AIRFLOW_CONN_AWS_DEFAULT"])
     assert aws_conn["conn_type"] == "aws" and aws_conn["extra"]["endpoint_url"] == env["AWS_ENDPOINT_URL"]
+    # The local credentials are recognisable fakes (tests/log_scan.py), the same for Airflow and the CLI.
+    assert {"AWS_ACCESS_KEY_ID": aws_conn["login"], "AWS_SECRET_ACCESS_KEY": aws_conn["password"]} == FAKE_AWS
+    # The moto it started is the local UltraCluster's: capacity reservations for any client.
+    assert ec2(env).describe_capacity_reservations()["CapacityReservations"] == []
     head_conn = json.loads(connections["AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE"])
     assert (head_conn["conn_type"], head_conn["port"]) == ("ssh", 2222)
     assert head_conn["extra"]["key_file"] == str(private_key)
     pcluster_conn = json.loads(connections["AIRFLOW_CONN_PCLUSTER_DEFAULT"])["extra"]
     assert pcluster_conn["region"] == REGION
+    assert {k: pcluster_conn["env"][k] for k in FAKE_AWS} == FAKE_AWS
     # The connection is enough to drive the CLI: its binary with its env, nothing else.
     version = subprocess.run([pcluster_conn["binary"], "list-clusters"], capture_output=True, text=True,
                              env={"PATH": os.environ["PATH"], **pcluster_conn["env"]})

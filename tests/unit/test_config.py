@@ -136,8 +136,7 @@ def render_op(params: dict, **overrides) -> RenderClusterConfigOperator:
         min_nodes=params["min_nodes"], max_nodes=params["max_nodes"], extra_queues=params["extra_queues"],
         shared_storage_mount_dir=params["shared_storage_mount_dir"],
         fsx_storage_capacity_gib=params["fsx_storage_capacity_gib"],
-        artifacts_s3_uri="s3://ultracluster-artifacts/runs", dataset_s3_uri=params["dataset_s3_uri"],
-        compile_cache_s3_uri=params["compile_cache_s3_uri"], extra_tags={"team": "ml"},
+        artifacts_s3_uri="s3://ultracluster-artifacts/runs", extra_tags={"team": "ml"},
         ssh_allowed_cidr=params.get("ssh_allowed_cidr") or SSH_CIDR,
         pcluster_conn_id=None,  # the rendering alone; the dry run: tests/unit/test_config_dryrun.py
     )
@@ -172,8 +171,10 @@ def test_render_uploads_a_valid_seed_layout(s3):
     # The script goes up with the pinned Neuron versions rendered in (tests/unit/test_neuron_versions.py).
     assert uploaded_script.decode() == render_on_node_configured()
     assert "NEURON_RELEASE=" in uploaded_script.decode()
-    access = {a["BucketName"]: a["EnableWriteAccess"] for a in config["HeadNode"]["Iam"]["S3Access"]}
-    assert access == {"neuron-s3": False, "ultracluster-artifacts": True}
+    # The nodes read the run's prefix, nothing else (docs/operations.md, "The node roles").
+    run_prefix = f"runs/trn1_bert_pretrain/{safe_run_id(RUN_ID)}/*"
+    for iam in (config["HeadNode"]["Iam"], queue["Iam"]):
+        assert iam["S3Access"] == [{"BucketName": "ultracluster-artifacts", "KeyName": run_prefix}]
     tags = {t["Key"]: t["Value"] for t in config["Tags"]}
     own = {"ultracluster:dag-id": "trn1_bert_pretrain", "ultracluster:run-id": RUN_ID,
            "ultracluster:created-by": "ultracluster", "ultracluster:expires-at": "2026-12-02T08:00:00Z"}
@@ -208,7 +209,9 @@ def test_schema_violations_fail_before_anything_is_uploaded(s3):
 
 # Template context the operator adds for compute storage, log retention, the image and the roles' boundary.
 STORAGE_AND_LOGS = {"custom_ami": None, "log_retention_days": 14, "compute_root_volume_gib": 1024,
-                    "ephemeral_mount_dir": "/local_storage", "permissions_boundary": None}
+                    "ephemeral_mount_dir": "/local_storage", "permissions_boundary": None,
+                    "s3_access": [{"BucketName": "ultracluster-artifacts", "KeyName": "x/*"}],
+                    "head_node_policies": [], "compute_policies": []}
 
 
 def rendered_seed() -> dict:
@@ -219,7 +222,6 @@ def rendered_seed() -> dict:
         "public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv", "security_group_id": None,
         "key_name": "k", "ssh_allowed_ips": SSH_CIDR,
         "on_node_configured_s3_uri": "s3://ultracluster-artifacts/x/on_node_configured.sh",
-        "s3_buckets": [{"name": "ultracluster-artifacts", "write": True}],
         "queues": build_queues("trn1.32xlarge", 0, 16, []), "mount_dir": "/fsx",
         "fsx_storage_capacity_gib": 1200, "tags": [{"key": "k", "value": "v: with colon"}],
         **STORAGE_AND_LOGS,
@@ -242,7 +244,7 @@ def test_the_permissions_boundary_renders_as_iam_permissions_boundary():
         task_id="render_config", network={"public_subnet_id": "subnet-0pub", "private_subnet_id": "subnet-0priv"},
         cluster_name="uc-x", region_name=REGION, key_name="k", head_node_instance_type="c5.4xlarge",
         instance_type="trn1.32xlarge", min_nodes=0, max_nodes=16, artifacts_s3_uri="s3://ultracluster-artifacts/runs",
-        dataset_s3_uri="s3://neuron-s3/d.tar", permissions_boundary_arn=arn, pcluster_conn_id=None,
+        permissions_boundary_arn=arn, pcluster_conn_id=None,
         ssh_allowed_cidr=SSH_CIDR)
     context = operator.build_context({"run_id": "manual__x", "dag": SimpleNamespace(dag_id="trn1_bert_pretrain")},
                                      "s3://ultracluster-artifacts/x.sh")
@@ -284,7 +286,7 @@ def test_a_missing_network_output_cannot_render_a_valid_config():
     text = render_cluster_config(str(include_dir() / "cluster" / "cluster-config.yaml.j2"), {
         "region": REGION, "image_os": "ubuntu2204", "cluster_name": "uc-x", "head_node_instance_type": "c5.4xlarge",
         "public_subnet_id": None, "private_subnet_id": "subnet-0priv", "security_group_id": None, "key_name": "k",
-        "ssh_allowed_ips": SSH_CIDR, "on_node_configured_s3_uri": "s3://b-b/x.sh", "s3_buckets": [{"name": "b-b", "write": True}],
+        "ssh_allowed_ips": SSH_CIDR, "on_node_configured_s3_uri": "s3://b-b/x.sh",
         "queues": build_queues("trn1.32xlarge", 0, 2, []), "mount_dir": "/fsx", "fsx_storage_capacity_gib": 1200,
         "tags": [], **STORAGE_AND_LOGS,
     })

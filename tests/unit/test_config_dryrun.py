@@ -49,8 +49,8 @@ def render_op(**overrides) -> RenderClusterConfigOperator:
         key_name=params["key_name"], image_os=params["image_os"],
         head_node_instance_type=params["head_node_instance_type"], instance_type=params["instance_type"],
         min_nodes=params["min_nodes"], max_nodes=params["max_nodes"], extra_queues=[],
-        artifacts_s3_uri="s3://ultracluster-artifacts/runs", dataset_s3_uri=params["dataset_s3_uri"],
-        ssh_allowed_cidr="203.0.113.0/24", pcluster_conn_id=CONN_ID,
+        artifacts_s3_uri="s3://ultracluster-artifacts/runs", ssh_allowed_cidr="203.0.113.0/24",
+        pcluster_conn_id=CONN_ID,
     )
     kwargs.update(overrides)
     return RenderClusterConfigOperator(**kwargs)

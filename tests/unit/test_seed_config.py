@@ -38,9 +38,10 @@ DELIBERATE = {
     "Image.Os": "changed",                                         # ubuntu2004 -> ubuntu2204 (pcluster >= 3.14)
     "HeadNode.Networking.AdditionalSecurityGroups": "added",       # the network stack's EFA group
     "HeadNode.Ssh.AllowedIps": "added",                            # ssh_allowed_cidr, never the world by default
+    "HeadNode.Iam.AdditionalIamPolicies": "added",                 # SSM Session Manager (+ KMS with a customer key)
     "Scheduling.SlurmSettings": "added",                           # ScaledownIdletime 10, pcluster's default
     "Scheduling.SlurmQueues[0].Networking.AdditionalSecurityGroups": "added",
-    "Scheduling.SlurmQueues[0].Iam": "added",                      # compute nodes' S3 access
+    "Scheduling.SlurmQueues[0].Iam": "added",                      # compute nodes' read of the run's prefix
     "Monitoring": "added",                                         # CloudWatch log retention
     "Tags": "added",                                               # ownership and node-cap tags
 }

@@ -39,9 +39,10 @@ from ultracluster.run.form import (
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
 from ultracluster.run.neuron_versions import render_on_node_configured
+from ultracluster.run import node_iam
 from ultracluster.run.errors import ConfigValidationError, problem_list
 from ultracluster.run.profiles import include_dir
-from ultracluster.run.s3 import check_sse, split_s3_uri
+from ultracluster.run.s3 import check_sse
 from ultracluster.run.ssh_access import allowed_ips, flag
 from ultracluster.run.tags import NODES_TAG, run_tags, s3_tagging
 
@@ -158,7 +159,7 @@ class RenderClusterConfigOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "network", "cluster_name", "region_name", "key_name", "image_os", "head_node_instance_type", "instance_type",
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
-        "artifacts_s3_uri", "dataset_s3_uri", "compile_cache_s3_uri", "extra_tags",
+        "artifacts_s3_uri", "extra_tags",
         "custom_ami", "log_retention_days", "resource_ttl_hours", "capacity_type", "capacity_reservation_id",
         "capacity_reservation_resource_group_arn", "ssh_allowed_cidr", "allow_world_ssh",
     )
@@ -177,8 +178,6 @@ class RenderClusterConfigOperator(BaseOperator):
         min_nodes: int,
         max_nodes: int,
         artifacts_s3_uri: str,
-        dataset_s3_uri: str,
-        compile_cache_s3_uri: str | None = None,
         extra_queues: list[dict] | None = None,
         shared_storage_mount_dir: str = "/fsx",
         fsx_storage_capacity_gib: int = 1200,
@@ -200,6 +199,7 @@ class RenderClusterConfigOperator(BaseOperator):
         ssh_allowed_cidr: str | None = None,
         allow_world_ssh: Any = False,
         permissions_boundary_arn: str | None = None,
+        node_kms_policy_arn: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -212,6 +212,8 @@ class RenderClusterConfigOperator(BaseOperator):
         self.allow_world_ssh = allow_world_ssh
         # Iam.PermissionsBoundary of every role pcluster creates (docs/operations.md, "Least privilege").
         self.permissions_boundary_arn = permissions_boundary_arn or None
+        # The node roles' kms:Decrypt with a customer managed key (run.node_iam).
+        self.node_kms_policy_arn = node_kms_policy_arn or None
         self.s3_encryption = check_sse(s3_encryption)  # both uploads (docs/operations.md, "Encryption")
         self.resource_ttl_hours = resource_ttl_hours  # the cluster's and the script's expires-at
         self.network = network
@@ -223,8 +225,6 @@ class RenderClusterConfigOperator(BaseOperator):
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.artifacts_s3_uri = artifacts_s3_uri
-        self.dataset_s3_uri = dataset_s3_uri
-        self.compile_cache_s3_uri = compile_cache_s3_uri
         self.extra_queues = extra_queues
         self.shared_storage_mount_dir = shared_storage_mount_dir
         self.fsx_storage_capacity_gib = fsx_storage_capacity_gib
@@ -240,15 +240,11 @@ class RenderClusterConfigOperator(BaseOperator):
         self.suppress_validators = suppress_validators  # as pcluster_create's, so both judge alike
 
     def build_context(self, context: Context, on_node_configured_s3_uri: str) -> dict[str, Any]:
-        buckets = {}
-        for uri, write in ((self.dataset_s3_uri, False), (self.artifacts_s3_uri, True), (self.compile_cache_s3_uri, True)):
-            if uri:
-                bucket = split_s3_uri(uri)[0]
-                buckets[bucket] = buckets.get(bucket, False) or write
         capacity = {"capacity_type": self.capacity_type or None, "capacity_reservation_id": self.capacity_reservation_id
                     or None, "capacity_reservation_resource_group_arn": self.capacity_reservation_resource_group_arn
                     or None, "min_nodes": int(self.min_nodes), "max_nodes": int(self.max_nodes)}
         problems = run_capacity.plan_capacity_problems(capacity)
+        problems += node_iam.iam_problems(self.s3_encryption, self.node_kms_policy_arn, self.permissions_boundary_arn)
         try:
             ssh_allowed_ips = allowed_ips(self.ssh_allowed_cidr, flag(self.allow_world_ssh))
         except ValueError as err:
@@ -260,6 +256,7 @@ class RenderClusterConfigOperator(BaseOperator):
         nodes = sum(int(q["max_nodes"]) for q in queues)
         tags = {**(self.extra_tags or {}), **run_tags(context, self.resource_ttl_hours), NODES_TAG: nodes}
         network = self.network or {}
+        policies = node_iam.additional_policies(self.region_name, self.s3_encryption, self.node_kms_policy_arn)
         return {
             "region": self.region_name,
             "image_os": self.image_os,
@@ -275,7 +272,10 @@ class RenderClusterConfigOperator(BaseOperator):
             "key_name": self.key_name,
             "ssh_allowed_ips": ssh_allowed_ips,
             "on_node_configured_s3_uri": on_node_configured_s3_uri,
-            "s3_buckets": [{"name": b, "write": w} for b, w in buckets.items()],
+            # The nodes read the run's prefix (its node script) and nothing else of S3 (run.node_iam).
+            "s3_access": node_iam.s3_access(on_node_configured_s3_uri),
+            "head_node_policies": policies["head_node"],
+            "compute_policies": policies["compute"],
             "queues": queues,
             "mount_dir": self.shared_storage_mount_dir,
             "fsx_storage_capacity_gib": int(self.fsx_storage_capacity_gib),

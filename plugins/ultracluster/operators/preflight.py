@@ -25,6 +25,7 @@ from ultracluster.run import capacity as run_capacity
 from ultracluster.run.cost import PriceError, estimate, load_prices
 from ultracluster.run.errors import counted, problem_list
 from ultracluster.run.names import safe_run_id
+from ultracluster.run.node_iam import iam_problems
 from ultracluster.run.plan import plan_problems, run_plan
 from ultracluster.run.s3 import check_sse
 from ultracluster.run.ssh_access import effective_cidr, flag, ssh_problems, ssh_warnings
@@ -55,6 +56,10 @@ class PreflightOperator(BaseOperator):
         nodes need it by then (the DAG passes the fleet wait's timeout).
     :param default_ssh_allowed_cidr: the deployment's ``head_node_ssh_cidr``, the plan's
         ``ssh_allowed_cidr`` when the run names none (``run.ssh_access.effective_cidr``).
+    :param permissions_boundary_arn: the profile's boundary of the roles pcluster creates; refused when
+        empty and ``require_permissions_boundary`` (every profile but the local one's).
+    :param node_kms_policy_arn: the profile's managed policy giving the nodes ``kms:Decrypt`` on a
+        customer managed key (``run.node_iam``).
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -63,8 +68,13 @@ class PreflightOperator(BaseOperator):
     def __init__(self, *, schedule_period: timedelta, artifacts_s3_uri: str, max_cost_usd: Any = None,
                  aws_conn_id: str | None = "aws_default", s3_encryption: Mapping[str, str] | None = None,
                  estimate_boot_time: bool = False, reservation_lead_s: int = 0,
-                 default_ssh_allowed_cidr: str | None = None, **kwargs: Any) -> None:
+                 default_ssh_allowed_cidr: str | None = None, permissions_boundary_arn: str | None = None,
+                 require_permissions_boundary: bool = True, node_kms_policy_arn: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.permissions_boundary_arn = permissions_boundary_arn
+        self.require_permissions_boundary = require_permissions_boundary
+        self.node_kms_policy_arn = node_kms_policy_arn
         self.default_ssh_allowed_cidr = default_ssh_allowed_cidr
         self.reservation_lead_s = reservation_lead_s
         self.s3_encryption = check_sse(s3_encryption)
@@ -93,6 +103,9 @@ class PreflightOperator(BaseOperator):
         problems += tag_problems(plan.get("extra_tags"))
         # Not a rule of the plan: the production profile leaves the CIDR to the deployment, and refuses without it.
         problems += ssh_problems(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
+        # The deployment's IAM: the boundary of the cluster's roles, the nodes' KMS grant (run.node_iam).
+        problems += iam_problems(self.s3_encryption, self.node_kms_policy_arn, self.permissions_boundary_arn,
+                                 self.require_permissions_boundary)
         warnings: list[str] = []
         now = datetime.now(timezone.utc)
         capacity = {"run_hours": expected["hours"], "now": now, "found": [],

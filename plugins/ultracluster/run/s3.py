@@ -72,6 +72,20 @@ def check_sse(args: Mapping[str, str] | None) -> dict[str, str]:
     return sse_args(args["ServerSideEncryption"], args.get("SSEKMSKeyId"))
 
 
+# The account's AWS managed key for S3: its key policy lets the account's principals use it through S3.
+AWS_MANAGED_S3_KEY = "alias/aws/s3"
+
+
+def customer_kms_key(args: Mapping[str, str] | None) -> str | None:
+    """The customer managed KMS key ``args`` encrypt with (its id, ARN or alias as the profile names it),
+    or None: SSE-S3, or SSE-KMS under the account's ``aws/s3`` key, which needs no IAM grant to read."""
+    args = check_sse(args)
+    key = (args.get("SSEKMSKeyId") or "").strip()
+    if args["ServerSideEncryption"] != SSE_KMS or not key or key.endswith(AWS_MANAGED_S3_KEY):
+        return None
+    return key
+
+
 def sse_headers(args: Mapping[str, str]) -> list[tuple[str, str]]:
     """The HTTP headers that carry ``args`` (what curl sends with a presigned PUT)."""
     return [(_HEADERS[name], value) for name, value in check_sse(args).items()]
