@@ -120,23 +120,20 @@ def install_moto_stack_deletes() -> None:
     module.install()
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[str]:
-    """The stand-in's AWS as `local-ultracluster up` starts it: moto with the stack deletes it lacks, and
-    the tests' capacity reservations."""
-    if not LOCALCLUSTER_PYTHON.exists():
-        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
-    port = free_port()
+@contextmanager
+def running_moto(script: Path, port: int | None = None) -> Iterator[str]:
+    """A moto server script (``-H 127.0.0.1 -p PORT``) in a process of its own; yields its endpoint."""
+    port = port or free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), str(MOTO_CAPACITY_SERVER), "-H", "127.0.0.1",
-                                "-p", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), str(script), "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(endpoint):
             if process.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
-                pytest.fail(f"moto_server did not start: {log.read().decode(errors='replace')[-2000:]}")
+                pytest.fail(f"{script.name} did not start: {log.read().decode(errors='replace')[-2000:]}")
             time.sleep(0.1)
         yield endpoint
     finally:
@@ -147,6 +144,16 @@ def moto_server() -> Iterator[str]:
             process.kill()
             process.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """The stand-in's AWS as `local-ultracluster up` starts it: moto with the stack deletes it lacks, and
+    the tests' capacity reservations."""
+    if not LOCALCLUSTER_PYTHON.exists():
+        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
+    with running_moto(MOTO_CAPACITY_SERVER) as endpoint:
+        yield endpoint
 
 
 def cli_env(home: Path, endpoint: str) -> dict[str, str]:

@@ -78,12 +78,17 @@ def is_allowed(policy: Mapping[str, Any], action: str, resource: str) -> bool:
                for s in statements)
 
 
+def s3_action(operation: str) -> str:
+    """The IAM action (without ``s3:``) an S3 operation needs."""
+    return _S3_ACTIONS.get(operation, operation)
+
+
 def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tuple[str, str]]:
     """(IAM action, resource ARN) pairs one recorded call needs."""
     service, operation, params = call["service"], call["operation"], call.get("params") or {}
     prefix = _IAM_PREFIX.get(service, service)
     if service == "s3":
-        action = "s3:" + _S3_ACTIONS.get(operation, operation)
+        action = "s3:" + s3_action(operation)
         bucket = params.get("Bucket", "")
         if operation in _S3_BUCKET_OPERATIONS or not (params.get("Key") or params.get("Keys")):
             return [(action, f"arn:aws:s3:::{bucket}")]
