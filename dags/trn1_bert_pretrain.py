@@ -42,6 +42,7 @@ from ultracluster.operators.pcluster import CreateClusterOperator
 from ultracluster.operators.pcluster_delete import DeleteClusterOperator
 from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.operators.results import CollectResultsOperator
+from ultracluster.operators.retry_policy import DeniedCallsFail
 from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
@@ -113,7 +114,8 @@ with DAG(
         "vpc_stack_name_for": vpc_stack_name_for,
         "plan": plan_of,  # the params with the run's sweep point applied (preflight's XCom)
     },
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
+    # A call AWS denies fails its task at once: a retry meets the same policy (docs/operations.md).
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_policy": DeniedCallsFail()},
     # Mail/Slack through the ultracluster_* connections, if any (docs/operations.md, "Notifications").
     on_failure_callback=run_failed,
     tags=["ultracluster", "trn1", "bert"],

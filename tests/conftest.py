@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytest_plugins = ["tests.fixtures_localcluster"]
+pytest_plugins = ["tests.fixtures_localcluster", "tests.fixtures_enforced"]
 
 
 def work_unit(nodeid: str) -> str:

@@ -124,23 +124,21 @@ def install_moto_stack_deletes() -> None:
     module.install()
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[str]:
-    """The stand-in's AWS as `local-ultracluster up` starts it (localcluster/moto_server.py): moto with the
-    stack deletes, capacity reservations and managed IAM policies it lacks."""
-    if not LOCALCLUSTER_PYTHON.exists():
-        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
-    port = free_port()
+@contextmanager
+def running_moto(server: list[str], port: int | None = None) -> Iterator[str]:
+    """A moto server (the localcluster venv's Python with ``server``, then ``-H 127.0.0.1 -p PORT``) in a
+    process of its own; yields its endpoint."""
+    port = port or free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), "-m", "localcluster.moto_server", "-H", "127.0.0.1",
-                                "-p", str(port)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen([str(LOCALCLUSTER_PYTHON), *server, "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while not _answers(endpoint):
             if process.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
-                pytest.fail(f"moto_server did not start: {log.read().decode(errors='replace')[-2000:]}")
+                pytest.fail(f"{' '.join(server)} did not start: {log.read().decode(errors='replace')[-2000:]}")
             time.sleep(0.1)
         yield endpoint
     finally:
@@ -151,6 +149,16 @@ def moto_server() -> Iterator[str]:
             process.kill()
             process.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    """The stand-in's AWS as `local-ultracluster up` starts it (localcluster/moto_server.py): moto with the
+    stack deletes, capacity reservations and managed IAM policies it lacks."""
+    if not LOCALCLUSTER_PYTHON.exists():
+        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
+    with running_moto(["-m", "localcluster.moto_server"]) as endpoint:
+        yield endpoint
 
 
 def cli_env(home: Path, endpoint: str) -> dict[str, str]:

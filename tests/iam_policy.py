@@ -1,13 +1,15 @@
 """A small IAM policy evaluator for the least-privilege tests (docs/operations.md, "Least privilege").
 
-It answers two questions. Does ``include/cluster/iam/airflow-policy.json`` allow an API call that an
+It answers three questions. Does ``include/cluster/iam/airflow-policy.json`` allow an API call that an
 Airflow process made (recorded by tests/fixtures/aws_call_recorder/sitecustomize.py)? It knows what
 the tests need and no more: Allow/Deny statements, ``Action`` and ``Resource`` with IAM's ``*``/``?``
 wildcards (actions case-insensitive), and the mapping of the pipeline's S3, CloudFormation, EC2 and
 Service Quotas operations to their IAM action and resource ARN. A statement with a ``Condition`` never
 allows here (conditions are not evaluated, so a call that only such a statement allows is a denial).
-And which IAM actions does a policy grant at all (``uncovered_actions``: the pcluster role's policy
-against the actions ParallelCluster's stack needs, tests/integration/test_pcluster_role_policy.py)?
+Which of a policy's actions did a run's recorded calls need (``exercised``; tests/airflow_actions.py has
+the reasons for the rest)? And which IAM actions does a policy grant at all (``uncovered_actions``: the
+pcluster role's policy against the actions ParallelCluster's stack needs,
+tests/integration/test_pcluster_role_policy.py)? tests/fixtures/moto_enforced.py maps requests with it too.
 """
 from __future__ import annotations
 
@@ -96,12 +98,17 @@ def is_allowed(policy: Mapping[str, Any], action: str, resource: str) -> bool:
                for s in statements)
 
 
+def s3_action(operation: str) -> str:
+    """The IAM action (without ``s3:``) an S3 operation needs."""
+    return _S3_ACTIONS.get(operation, operation)
+
+
 def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tuple[str, str]]:
     """(IAM action, resource ARN) pairs one recorded call needs."""
     service, operation, params = call["service"], call["operation"], call.get("params") or {}
     prefix = _IAM_PREFIX.get(service, service)
     if service == "s3":
-        action = "s3:" + _S3_ACTIONS.get(operation, operation)
+        action = "s3:" + s3_action(operation)
         bucket = params.get("Bucket", "")
         if operation in _S3_BUCKET_OPERATIONS or not (params.get("Key") or params.get("Keys")):
             return [(action, f"arn:aws:s3:::{bucket}")]
@@ -128,6 +135,25 @@ def denials(policy: Mapping[str, Any], calls: Iterable[Mapping[str, Any]], regio
             if (action, resource) not in denied and not is_allowed(policy, action, resource):
                 denied[(action, resource)] = f"{action} on {resource} ({call.get('argv')})"
     return list(denied.values())
+
+
+def granted(policy: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(Sid, action) of every action an Allow statement names."""
+    return {(s["Sid"], a) for s in statements(policy) if s.get("Effect") == "Allow" for a in _listify(s.get("Action"))}
+
+
+def exercised(policy: Mapping[str, Any], calls: Iterable[Mapping[str, Any]], region: str,
+              account: str) -> set[tuple[str, str]]:
+    """(Sid, action) of the granted actions some call needed: a request that statement allows on its own.
+    A statement with a Condition is never exercised here (as it never allows in ``is_allowed``)."""
+    requests = {r for call in calls for r in requests_of(call, region, account)}
+    found = set()
+    for statement in statements(policy):
+        for pattern in _listify(statement.get("Action")):
+            single = {**statement, "Action": [pattern]}
+            if any(is_allowed({"Statement": [single]}, action, resource) for action, resource in requests):
+                found.add((statement["Sid"], pattern))
+    return found
 
 
 def statements(policy: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -66,8 +66,9 @@ def _u(type_name: str, actions: str, properties: str, why: str) -> Unused:
 
 
 # Reviewed: write actions, and other services' actions, that serve only properties the stack does not
-# set. Reads of the type's own resources, and what a delete handler lists, stay in the policy: a handler
-# may call them whatever the properties, and a delete that fails leaves the cluster's resources behind.
+# set. Reads of the type's own resources, and what a delete handler lists for them, stay in the policy: a
+# handler may call them whatever the properties, and a delete that fails leaves the resources behind.
+# The rows for include/cluster/vpc.yaml's types (the Airflow role's stack) follow the same rule.
 UNUSED: tuple[Unused, ...] = (
     _u("AWS::DynamoDB::Table", "dynamodb:UpdateTimeToLive", "TimeToLiveSpecification", "item expiry"),
     _u("AWS::DynamoDB::Table", "dynamodb:UpdateContributorInsights", "ContributorInsightsSpecification",
@@ -126,6 +127,17 @@ UNUSED: tuple[Unused, ...] = (
     _u("AWS::Logs::LogGroup", "s3:REST.PUT.OBJECT", "", "no IAM action: an S3 access-log operation name"),
     _u("AWS::Lambda::Function", "lambda:AssociateRuntimeAlias", "", "no IAM action"),
     _u("AWS::Route53::HostedZone", "route53:CreateQueryLoggingConfig", "QueryLoggingConfig", "DNS query logging"),
+    # include/cluster/vpc.yaml's types.
+    _u("AWS::EC2::VPC", "ec2:CreateVpcEncryptionControl", "VpcEncryptionControl", "VPC encryption control"),
+    _u("AWS::EC2::EIP", "ec2:AcceptAddressTransfer", "TransferAddress", "an address transferred from another account"),
+    _u("AWS::EC2::EIP", "ec2:AssociateAddress", "InstanceId", "an address on an instance (vpc.yaml's is the NAT "
+       "gateway's, which the gateway associates)"),
+    _u("AWS::EC2::VPCGatewayAttachment", "ec2:AttachVpnGateway ec2:DetachVpnGateway ec2:DescribeVpnGateways",
+       "VpnGatewayId", "a VPN gateway (vpc.yaml attaches an internet gateway)"),
+    _u("AWS::EC2::VPCEndpoint", "vpc-lattice:CreateServiceNetworkVpcEndpointAssociation "
+       "vpc-lattice:DescribeServiceNetworkVpcEndpointAssociation", "ServiceNetworkArn",
+       "an endpoint into a VPC Lattice service network (vpc.yaml's is an S3 gateway endpoint)"),
+    _u("AWS::EC2::VPCEndpoint", "vpce:AllowMultiRegion", "ServiceRegion", "an endpoint to another region's service"),
 )
 
 

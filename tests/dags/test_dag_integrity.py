@@ -199,6 +199,23 @@ def test_cross_field_errors_fail_in_preflight_without_retries(dag):
         task.execute(context)
 
 
+def test_every_task_fails_at_once_when_aws_denies_a_call(dag):
+    """The DAG's retry policy reaches every task, also through the scheduler's serialized copy."""
+    from airflow.sdk.definitions.retry_policy import RetryAction
+    from airflow.serialization.serialized_objects import DagSerialization
+    from botocore.exceptions import ClientError
+
+    from ultracluster.operators.retry_policy import DeniedCallsFail
+
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "not authorized to perform: "
+                                    "cloudformation:CreateStack"}}, "CreateStack")
+    for task in dag.tasks:
+        assert isinstance(task.retry_policy, DeniedCallsFail), task.task_id
+        assert task.retry_policy.evaluate(denied, 1, task.retries + 1).action == RetryAction.FAIL
+    restored = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    assert all(task.has_retry_policy for task in restored.tasks)
+
+
 def test_run_derived_templates_render(dag):
     env = dag.get_template_env(force_sandboxed=False)
     run_id = "manual__2026-11-30T08:00:00+00:00"

@@ -1,7 +1,9 @@
 """End-to-end fixtures, shared by every end-to-end test of the session:
 
     e2e_home      one local UltraCluster home (moto, buckets, key pair, the dataset in moto)
-    deployment    the environment an Airflow process needs to run trn1_bert_pretrain against it
+    enforced      a second local UltraCluster home on a second moto that enforces IAM, Airflow's user there
+                  holding exactly include/cluster/iam/airflow-policy.json, and a dag.test() environment
+                  signing as that user (docs/operations.md, "Least privilege")
     airflow_local a real Airflow (api-server, scheduler, dag-processor, triggerer on PostgreSQL)
                   started by scripts/airflow.sh, as `make up` starts it, on free loopback ports
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -17,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,6 +34,8 @@ from tests.fixtures_localcluster import (
     processes_mentioning,
     run_pcluster,
 )
+from tests.fixtures_enforced import Principal, client, make_user
+from tests.iam_policy import AIRFLOW_POLICY, render_policy
 
 REPO = Path(__file__).resolve().parents[2]
 VENVS = REPO / ".venvs"
@@ -93,14 +99,12 @@ def _deployment_env(home: Path, endpoint: str) -> dict[str, str]:
     return {**cli_env(home, endpoint), **read_env_file(home / "airflow.env")}
 
 
-@pytest.fixture
-def deployment(e2e_home: Path, moto_server: str, tmp_path: Path) -> dict[str, str]:
-    """Environment for an Airflow process of its own: the connections of the shared home, the local
+def dag_test_env(home: Path, endpoint: str, airflow_home: Path) -> dict[str, str]:
+    """Environment for a dag.test() process of its own: the connections of ``home``, the local
     profile, a private AIRFLOW_HOME. The dataset is in moto under the seed's key."""
-    airflow_home = tmp_path / "airflow"
-    (airflow_home / "plugins").mkdir(parents=True)
+    (airflow_home / "plugins").mkdir(parents=True, exist_ok=True)
     return {
-        **_deployment_env(e2e_home, moto_server),
+        **_deployment_env(home, endpoint),
         "AIRFLOW_HOME": str(airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(airflow_home / "plugins"),
@@ -109,6 +113,95 @@ def deployment(e2e_home: Path, moto_server: str, tmp_path: Path) -> dict[str, st
         "ULTRACLUSTER_PROFILE": "local",
         "PATH": f"{VENVS / 'airflow' / 'bin'}:{os.environ.get('PATH', '')}",
     }
+
+
+# --- the same pipeline under IAM enforcement (docs/operations.md, "Least privilege") ----------------
+MOTO_ACCOUNT = "123456789012"
+ENFORCED_USER = "uc-airflow"
+ENFORCED_CACHE = "s3://ultracluster-artifacts/compile-cache/enforced"
+AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def policy_values(compile_cache_s3_uri: str) -> dict[str, str]:
+    """airflow-policy.json's placeholders for the local profile, with that compile cache."""
+    from ultracluster.run.profiles import load_profile
+    from ultracluster.run.s3 import split_s3_uri
+
+    profile = load_profile("local")
+    dataset_bucket, dataset_key = split_s3_uri(profile["dataset_s3_uri"])
+    artifacts_bucket, artifacts_prefix = split_s3_uri(profile["artifacts_s3_uri"])
+    cache_bucket, cache_prefix = split_s3_uri(compile_cache_s3_uri)
+    return {"region": REGION, "account-id": MOTO_ACCOUNT, "dataset-bucket": dataset_bucket, "dataset-key": dataset_key,
+            "artifacts-bucket": artifacts_bucket, "artifacts-prefix": artifacts_prefix,
+            "compile-cache-bucket": cache_bucket, "compile-cache-prefix": cache_prefix,
+            "kms-key-arn": f"arn:aws:kms:{REGION}:{MOTO_ACCOUNT}:key/not-used-with-AES256"}
+
+
+@dataclass(frozen=True)
+class Enforced:
+    home: Path
+    env: dict[str, str]     # dag.test()'s: aws_default signs as ``airflow``; no AWS keys of its own
+    airflow: Principal
+    policy: dict
+    conf: dict
+
+
+@pytest.fixture(scope="session")
+def enforced(enforced_moto: str, dataset_tar: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Enforced]:
+    """The local UltraCluster on the enforcing moto (tests/fixtures/moto_enforced.py). Its own parts (the
+    pcluster stand-in, Slurm's power programs, these fixtures) sign as the local cluster's principal;
+    Airflow signs as ``uc-airflow``, which holds the shipped policy and nothing else."""
+    from tests.integration.test_capacity_checks import capacity_block
+
+    with prepared_home(enforced_moto) as home:
+        s3_client(enforced_moto).upload_file(str(dataset_tar), "neuron-s3", DATASET_KEY)
+        policy = render_policy(AIRFLOW_POLICY.read_text(), policy_values(ENFORCED_CACHE))
+        airflow = make_user(enforced_moto, ENFORCED_USER, policy)
+        # A Capacity Block, as a production run may train on: preflight reads it and the type's usage classes.
+        block = capacity_block(client(enforced_moto, "ec2"))
+        conf = {"compile_cache_s3_uri": ENFORCED_CACHE, "capacity_type": "CAPACITY_BLOCK",
+                "capacity_reservation_id": block, "min_nodes": 2, "max_nodes": 2}
+        env = {k: v for k, v in dag_test_env(home, enforced_moto, tmp_path_factory.mktemp("airflow-enforced")).items()
+               if k not in AWS_KEYS}
+        aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
+        env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps({**aws, "login": airflow.key, "password": airflow.secret})
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(AWS_CALL_RECORDER), os.environ.get("PYTHONPATH")]))
+        subprocess.run([str(VENVS / "airflow" / "bin" / "airflow"), "db", "migrate"], env=env, check=True,
+                       capture_output=True, timeout=300)
+        yield Enforced(home, env, airflow, policy, conf)
+
+
+def run_dag_test(env: dict[str, str], conf: dict, name: str) -> tuple[dict, str, list[dict]]:
+    """tests/e2e/run_dag_test.py in a process of its own: (its E2E_RESULT, its output, the AWS calls
+    it recorded). The output is kept in out/e2e/<name>.log for a post-mortem (git-ignored)."""
+    log = REPO / "out" / "e2e" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    calls_log = log.with_suffix(".calls.jsonl")
+    calls_log.unlink(missing_ok=True)
+    done = subprocess.run([str(VENVS / "airflow" / "bin" / "python"), str(REPO / "tests" / "e2e" / "run_dag_test.py"),
+                           json.dumps(conf)], env={**env, "UC_AWS_CALL_LOG": str(calls_log)},
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    log.write_text(output)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("E2E_RESULT ")]
+    assert lines, f"no result line; rc={done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    calls = [json.loads(line) for line in calls_log.read_text().splitlines()] if calls_log.exists() else []
+    return json.loads(lines[-1].removeprefix("E2E_RESULT ")), output, calls
+
+
+def dag_test_task_log(output: str, task_id: str) -> str:
+    """A task's lines in dag.test()'s output, between its start and end markers."""
+    found = re.search(rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ",
+                      output, re.DOTALL)
+    assert found, f"no log of {task_id}"
+    return found.group(0)
+
+
+def airflow_calls(calls: list[dict]) -> list[dict]:
+    """The recorded calls of the Airflow venv's processes; the pcluster CLI's own are the pcluster role's."""
+    airflow_venv = (VENVS / "airflow").resolve()
+    return [c for c in calls if Path(c["prefix"]).resolve() == airflow_venv
+            and Path((c["argv"] or [""])[0]).name != "pcluster"]
 
 
 class AirflowApi:

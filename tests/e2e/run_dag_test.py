@@ -1,5 +1,6 @@
 """Runs trn1_bert_pretrain once with dag.test() in this process and prints one JSON line:
-{"state": ..., "run_id": ..., "tasks": {task_id: state}, "results": <collect_results XCom>}.
+{"state": ..., "run_id": ..., "tasks": {task_id: state}, "tries": {task_id: try number},
+"results": <collect_results XCom>}. Its argument, if any, is the run's conf as JSON.
 Used by tests/e2e/test_pipeline.py in a subprocess with the deployment's environment."""
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def main() -> None:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        tis = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances(session=session)}
+        instances = dag_run.get_task_instances(session=session)
+        tis = {ti.task_id: str(ti.state) for ti in instances}
+        tries = {ti.task_id: ti.try_number for ti in instances}
         row = session.query(XComModel).filter_by(
             dag_id=dag_run.dag_id, run_id=dag_run.run_id, task_id="collect_results", key="return_value"
         ).one_or_none()
@@ -29,7 +32,7 @@ def main() -> None:
     if isinstance(results, str):
         results = json.loads(results)
     print("E2E_RESULT " + json.dumps({"state": str(dag_run.state), "run_id": dag_run.run_id, "tasks": tis,
-                                      "results": results}, default=str))
+                                      "tries": tries, "results": results}, default=str))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ no cluster, stack, VPC, NAT gateway, Slurm job or daemon.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,20 +14,25 @@ from ultracluster.run.names import safe_run_id
 from ultracluster.run.profiles import load_profile
 from ultracluster.run.s3 import split_s3_uri
 
+from tests.airflow_actions import NOT_IN_A_LOCAL_RUN, reasons
 from tests.e2e.conftest import (
     DAG_ID,
+    MOTO_ACCOUNT,
     REPO,
     RUN_TIMEOUT_S,
     RUNTIME_READY,
     TASK_IDS,
-    VENVS,
+    airflow_calls,
     assert_nothing_left,
     deployment_secrets,
+    dag_test_task_log,
+    policy_values,
     results_in_s3,
+    run_dag_test,
     s3_client,
 )
 from tests.fixtures_localcluster import REGION
-from tests.iam_policy import AIRFLOW_POLICY, denials, render_policy
+from tests.iam_policy import AIRFLOW_POLICY, denials, exercised, granted, render_policy
 from tests.log_scan import read_logs, scan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -68,25 +72,65 @@ def assert_encrypted(env: dict[str, str], keys) -> None:
 
 
 DAG_TEST_OUTPUT: dict[str, str] = {}
+ENFORCED_RUN: dict = {}
 
 
-def test_dag_test_runs_the_whole_pipeline(deployment, e2e_home):
-    env = deployment
-    subprocess.run([str(VENVS / "airflow" / "bin" / "airflow"), "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
-    done = subprocess.run([str(VENVS / "airflow" / "bin" / "python"), str(REPO / "tests" / "e2e" / "run_dag_test.py")],
-                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    log = REPO / "out" / "e2e" / "dag_test.log"  # kept for a post-mortem (git-ignored)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(done.stdout + done.stderr)
-    DAG_TEST_OUTPUT["text"] = done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("E2E_RESULT ")]
-    assert lines, f"no result line; rc={done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    outcome = json.loads(lines[-1].removeprefix("E2E_RESULT "))
-    assert outcome["tasks"] == {task: "success" for task in TASK_IDS}, done.stderr[-8000:]
+def test_dag_test_runs_the_whole_pipeline_under_iam_enforcement(enforced):
+    """dag.test() on the local UltraCluster of a moto that enforces IAM, signing as a user that holds
+    exactly airflow-policy.json: every call is allowed, or the run would fail. The conf trains on a
+    Capacity Block with a compile cache, so their checks and statements are in the run too."""
+    outcome, output, calls = run_dag_test(enforced.env, enforced.conf, "dag_test")
+    DAG_TEST_OUTPUT["text"] = output
+    assert outcome["tasks"] == {task: "success" for task in TASK_IDS}, output[-8000:]
     assert outcome["state"] == "success"
-    check_results(outcome["results"], env, outcome["run_id"])
-    assert_nothing_left(env, e2e_home)
+    check_results(outcome["results"], enforced.env, outcome["run_id"])
+    assert_nothing_left(enforced.env, enforced.home)
+    # The evaluator agrees with moto, and judges what moto cannot (tests/fixtures/moto_enforced.py).
+    ours = airflow_calls(calls)
+    assert denials(enforced.policy, ours, REGION, MOTO_ACCOUNT) == []
+    ENFORCED_RUN["calls"] = ours
+
+
+def test_every_action_the_airflow_policy_grants_is_one_the_run_needed_or_has_a_reason(enforced):
+    """Least privilege both ways: each (statement, action) of the policy either served a call of the run
+    above, or has a reason in tests/airflow_actions.py, and no listed reason is stale."""
+    if not ENFORCED_RUN:
+        pytest.fail("needs the enforced run above, which did not finish")
+    seen = {(c["service"], c["operation"]) for c in ENFORCED_RUN["calls"]}
+    for needed in [("ec2", "DescribeCapacityReservations"), ("ec2", "DescribeInstanceTypes"),
+                   ("service-quotas", "GetServiceQuota"), ("cloudformation", "CreateStack")]:
+        assert needed in seen, f"{needed} not recorded; recorded: {sorted(seen)}"
+    have = granted(enforced.policy)
+    used = exercised(enforced.policy, ENFORCED_RUN["calls"], REGION, MOTO_ACCOUNT)
+    why = reasons(have)
+    assert sorted(have - used - set(why)) == [], "granted, not needed by the run and without a reason"
+    assert sorted(used & set(NOT_IN_A_LOCAL_RUN)) == [], "a run needs these: drop their rows"
+
+
+def test_a_run_denied_one_create_action_fails_in_that_task_at_once(enforced):
+    """The same run with cloudformation:CreateStack taken from the user's policy: create_vpc fails on its
+    first try with AWS's AccessDenied naming the action, nothing after it runs, and nothing is left."""
+    action = "cloudformation:CreateStack"
+    enforced.airflow.put_policy(without_action(enforced.policy, action))
+    try:
+        outcome, output, _ = run_dag_test(enforced.env, enforced.conf, "dag_test_denied")
+    finally:
+        enforced.airflow.put_policy(enforced.policy)
+    tasks = outcome["tasks"]
+    assert outcome["state"] == "failed" and tasks["preflight"] == "success", tasks
+    assert (tasks["create_vpc"], outcome["tries"]["create_vpc"]) == ("failed", 1), (tasks, outcome["tries"])
+    assert {t for t, state in tasks.items() if state == "success"} == {"preflight"}, tasks
+    log = dag_test_task_log(output, "create_vpc")
+    assert "AccessDenied" in log and f"not authorized to perform: {action}" in log, log[-4000:]
+    assert "not retried" in log, log[-4000:]      # the DAG's retry policy (operators/retry_policy.py)
+    assert_nothing_left(enforced.env, enforced.home)
+    print(f"create_vpc without {action}: {tasks}")
+
+
+def without_action(policy: dict, action: str) -> dict:
+    statements = [{**s, "Action": [a for a in s["Action"] if a != action]} for s in policy["Statement"]]
+    assert statements != policy["Statement"], f"{action} is not in the policy"
+    return {**policy, "Statement": [s for s in statements if s["Action"]]}
 
 
 # The REST run and the one after it share a compile cache in S3, with torch.compile on so that the
@@ -173,26 +217,11 @@ def test_no_secret_in_any_log_xcom_or_rendered_field(airflow_local):
 def test_no_secret_in_the_dag_test_runs_output():
     """The dag.test() run's output (its task logs, printed) under the local deployment's fake credentials."""
     if not DAG_TEST_OUTPUT:
-        pytest.fail("needs test_dag_test_runs_the_whole_pipeline's run")
+        pytest.fail("needs test_dag_test_runs_the_whole_pipeline_under_iam_enforcement's run")
     text = DAG_TEST_OUTPUT["text"]
     assert "UC_PROGRESS" in text or "collect_results" in text, text[-2000:]  # not vacuous: the tasks' logs
     leaks = scan({"out/e2e/dag_test.log": text})
     assert not leaks, "\n".join(map(str, leaks[:40]))
-
-
-# moto's account; the policy's placeholders filled in for the local profile and CACHED_CONF.
-MOTO_ACCOUNT = "123456789012"
-
-
-def _policy_values() -> dict[str, str]:
-    profile = load_profile("local")
-    dataset_bucket, dataset_key = split_s3_uri(profile["dataset_s3_uri"])
-    artifacts_bucket, artifacts_prefix = split_s3_uri(profile["artifacts_s3_uri"])
-    cache_bucket, cache_prefix = split_s3_uri(CACHED_CONF["compile_cache_s3_uri"])
-    return {"region": REGION, "account-id": MOTO_ACCOUNT, "dataset-bucket": dataset_bucket, "dataset-key": dataset_key,
-            "artifacts-bucket": artifacts_bucket, "artifacts-prefix": artifacts_prefix,
-            "compile-cache-bucket": cache_bucket, "compile-cache-prefix": cache_prefix,
-            "kms-key-arn": f"arn:aws:kms:{REGION}:{MOTO_ACCOUNT}:key/not-used-with-AES256"}
 
 
 def test_airflow_makes_only_the_aws_calls_its_policy_allows(airflow_local):
@@ -203,16 +232,14 @@ def test_airflow_makes_only_the_aws_calls_its_policy_allows(airflow_local):
         pytest.fail("needs the REST runs above, which did not finish")
     api, env = airflow_local
     calls = [json.loads(line) for line in Path(env["UC_AWS_CALL_LOG"]).read_text().splitlines()]
-    airflow_venv = (VENVS / "airflow").resolve()
-    ours = [c for c in calls if Path(c["prefix"]).resolve() == airflow_venv
-            and Path((c["argv"] or [""])[0]).name != "pcluster"]
+    ours = airflow_calls(calls)
     seen = {(c["service"], c["operation"], c["presigned"]) for c in ours}
     # Not vacuous: the recorder saw the pipeline's own calls, direct and presigned.
     for needed in [("s3", "PutObject", False), ("s3", "PutObject", True), ("s3", "GetObject", True),
                    ("s3", "GetPublicAccessBlock", False), ("cloudformation", "CreateStack", False),
                    ("cloudformation", "DeleteStack", False), ("ec2", "DescribeInstances", False)]:
         assert needed in seen, f"{needed} not recorded; recorded: {sorted(seen)}"
-    policy = render_policy(AIRFLOW_POLICY.read_text(), _policy_values())
+    policy = render_policy(AIRFLOW_POLICY.read_text(), policy_values(CACHED_CONF["compile_cache_s3_uri"]))
     denied = denials(policy, ours, REGION, MOTO_ACCOUNT)
     assert not denied, "\n".join(denied)
     # The run's config, node script and compile-cache archive are encrypted too (the results above).

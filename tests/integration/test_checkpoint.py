@@ -86,8 +86,9 @@ def test_the_checkpoint_lands_on_shared_storage_for_train(tmp_path, saved, head,
                       "path": str(destination / "ckpt_30.pt"), "bytes": 7}
     assert (destination / "ckpt_30.pt").read_bytes() == b"step 30"
     assert sorted(p.name for p in destination.iterdir()) == ["ckpt_30.pt"]  # no .part or .pid left
-    # The presigned URL goes to curl on stdin: never in a command line or the log.
+    # The presigned URL goes to curl on stdin: never in a command line or the log. Signature V4.
     assert all("Signature=" not in c.shell for c in head.commands)
+    assert any("X-Amz-Algorithm=AWS4-HMAC-SHA256" in (c.stdin or "") for c in head.commands if "curl" in c.shell)
     assert "Signature=" not in caplog.text
 
 

@@ -128,6 +128,7 @@ def test_download_unpack_verify_then_skip(tmp_path, aws_conn, head, capsys):
     # the presigned URL (a secret) never appears in a command line, a log line or the result
     curl = [c for c in head.commands if "curl" in c.shell]
     assert len(curl) == 1 and "Signature=" in curl[0].stdin
+    assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in curl[0].stdin   # Signature V4, which S3 requires (SSE-KMS)
     assert all("Signature=" not in c.shell and "Signature=" not in str(c) for c in head.commands)
     assert "Signature=" not in capsys.readouterr().out + json.dumps(result)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.airflow_actions import EC2_SIDS, NOT_IN_A_LOCAL_RUN, cloudformation_actions, reasons, vpc_template
 from tests.iam_policy import (
     AIRFLOW_POLICY,
     BOUNDARY_POLICY,
@@ -23,6 +24,8 @@ from tests.iam_policy import (
     POLICY_DIR,
     allowing,
     denials,
+    exercised,
+    granted,
     is_allowed,
     reference_problems,
     render_policy,
@@ -31,6 +34,7 @@ from tests.iam_policy import (
     uncovered_actions,
 )
 from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.pcluster_actions import unused_problems
 
 REPO = Path(__file__).resolve().parents[2]
 BOUNDARY_ARN = "arn:aws:iam::<account-id>:policy/ultracluster-pcluster-boundary"
@@ -219,6 +223,36 @@ def test_the_cloudformation_template_creates_both_roles_from_the_policy_files():
                       "Action": "sts:AssumeRole"}]
     assert "Fn::Sub" in json.dumps(template) and "<" not in text  # every placeholder became a parameter
     assert [str(m) for m in lint_all(text) if m.rule.id[0] in "EW"] == []  # errors and warnings; not I(nfo)
+
+
+# --- why the Airflow role holds each action (tests/airflow_actions.py) ---------------------------
+
+def test_the_airflow_policy_grants_what_cloudformation_needs_for_vpc_yaml(policy):
+    """create_vpc's stack is created and deleted with the Airflow role's own rights: every create and
+    delete permission of vpc.yaml's resource types (cfn-lint's provider schemas) is granted, in the EC2
+    statements; and the CloudFormation-only statement holds nothing else."""
+    assert unused_problems([vpc_template()]) == []
+    needed = cloudformation_actions()
+    ec2 = {"Statement": [s for s in statements(policy) if s["Sid"] in EC2_SIDS]}
+    assert uncovered_actions(ec2, needed) == []
+    [via_cloudformation] = [s for s in statements(policy) if "aws:CalledVia" in json.dumps(s.get("Condition"))]
+    assert sorted(a for a in via_cloudformation["Action"] if a not in needed) == []
+
+
+def test_every_reviewed_action_is_granted_and_says_why(policy):
+    have = granted(policy)
+    assert [key for key in NOT_IN_A_LOCAL_RUN if key not in have] == []
+    assert all(len(why) > 40 for why in reasons(have).values())
+    # The derived ones name their resource types: ec2:CreateNatGateway comes from AWS::EC2::NatGateway.
+    assert "AWS::EC2::NatGateway (provider schema create)" in reasons(have)[(EC2_SIDS[1], "ec2:CreateNatGateway")]
+
+
+def test_exercised_counts_a_statement_only_for_what_it_allows(policy):
+    calls = [call("s3", "PutObject", Bucket="uc-artifacts", Key="runs/x"),
+             call("ec2", "DescribeKeyPairs"), call("s3", "PutObject", Bucket="uc-artifacts", Key="elsewhere/x")]
+    assert exercised(policy, calls, "us-east-1", "123456789012") == {
+        ("S3ArtifactsConfigResultsLogsCheckpointsReportsSweepIndex", "s3:PutObject"),
+        (EC2_SIDS[0], "ec2:DescribeKeyPairs")}
 
 
 # --- the evaluator -------------------------------------------------------------------------------

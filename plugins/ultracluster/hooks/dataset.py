@@ -18,7 +18,7 @@ class DatasetS3Hook(S3Hook):
     (``config_kwargs``); ``signature_version=UNSIGNED`` is merged into that config, and botocore then
     resolves no credentials. A presigned URL is the object's plain URL.
 
-    :param anonymous: unsigned requests; False: the connection's credentials, as S3Hook.
+    :param anonymous: unsigned requests; False: the connection's credentials, Signature V4.
     """
 
     def __init__(self, *args: Any, anonymous: bool = False, **kwargs: Any) -> None:
@@ -27,8 +27,9 @@ class DatasetS3Hook(S3Hook):
 
     @property
     def config(self) -> Config:
-        base = super().config
-        return base.merge(Config(signature_version=UNSIGNED)) if self.anonymous else base
+        # Signed: Signature V4, presigned URLs too (botocore presigns S3 with V2, which S3 refuses in
+        # newer regions and for SSE-KMS objects), as ArtifactsS3Hook's.
+        return super().config.merge(Config(signature_version=UNSIGNED if self.anonymous else "s3v4"))
 
     def get_session(self, region_name: str | None = None, deferrable: bool = False) -> boto3.session.Session:
         """Anonymous: a bare session, so no role is assumed (the connection's ``role_arn`` would be

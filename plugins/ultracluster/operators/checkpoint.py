@@ -13,12 +13,12 @@ import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.amazon.aws.hooks.s3 import S3Hook
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.head_node import HeadNodeHook
 from ultracluster.operators.remote_transfer import RemoteTransferMixin
 from ultracluster.run.contracts import CHECKPOINT_KEY
@@ -95,7 +95,7 @@ class RestoreCheckpointOperator(RemoteTransferMixin, BaseOperator):
             return {"enabled": False, "path": None}
         if not posixpath.isabs(self.destination_dir or ""):
             raise ValueError(f"destination_dir must be an absolute path on shared storage, got {self.destination_dir!r}")
-        s3 = S3Hook(aws_conn_id=self.aws_conn_id)
+        s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id)   # its presigned URLs are Signature V4
         try:
             bucket, key, step = resolve_checkpoint(s3, self.resume_from)
         except ResumeFromError as err:  # preflight checked it: gone since, so no retry helps
