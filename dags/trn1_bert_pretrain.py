@@ -6,6 +6,10 @@ preflight -> create_vpc -> render_config -> pcluster_create -> wait_for_fleet ->
 restore_checkpoint (``resume_from``) before train, save_compile_cache after it. Each task's operator is
 imported below by name: its module is the step's code.
 
+With ``existing_cluster_name`` the run uses a cluster it did not create: create_vpc and pcluster_create
+adopt it (creating nothing), render_config, delete_cluster and delete_vpc skip, and nothing the run does
+deletes, updates or stops that cluster (ultracluster.run.existing_cluster).
+
 Param defaults come from the deploy-time profile include/profiles/$ULTRACLUSTER_PROFILE.json
 (production by default; ``local`` for the local UltraCluster). Nothing here depends on the profile:
 only connections and configuration differ between real AWS and the local cluster.
@@ -46,9 +50,8 @@ from ultracluster.operators.retry_policy import DeniedCallsFail
 from ultracluster.operators.slurm import SlurmJobOperator
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
-from ultracluster.run.form import TRAINING_QUEUE
 from ultracluster.run.names import cluster_name_for, safe_run_id, vpc_stack_name_for
-from ultracluster.run.plan import plan_of
+from ultracluster.run.plan import cluster_of, plan_of
 from ultracluster.run.profiles import include_dir, load_profile
 from ultracluster.run.s3 import profile_sse
 from ultracluster.sensors.fleet import ComputeFleetSensor
@@ -73,7 +76,12 @@ SCHEDULE_PERIOD = timedelta(days=7)
 JOB_DIR = "{{ params.shared_storage_mount_dir }}/ultracluster/{{ dag.dag_id }}/{{ safe_run_id(run_id) }}"
 DATA_ROOT = "{{ params.shared_storage_mount_dir }}/examples_datasets"
 COMPILE_CACHE_DIR = "{{ params.shared_storage_mount_dir }}/neuron-compile-cache"
-CLUSTER_NAME = "{{ ti.xcom_pull(task_ids='render_config')['cluster_name'] }}"
+# The cluster the run trains on: the existing one it was given, else the one render_config named.
+CLUSTER_NAME = "{{ run_cluster(ti) }}"
+# Set: the run uses this cluster, which it did not create (run/existing_cluster.py); None: it creates one.
+EXISTING_CLUSTER = "{{ plan(ti).existing_cluster_name }}"
+# The Slurm partition of every job: the existing cluster's queue (existing_cluster_queue), else compute1.
+TRAINING_QUEUE = "{{ plan(ti).training_queue }}"
 
 JOB_ENV = {
     "SCALING_MODE": "{{ plan(ti).scaling_mode }}",
@@ -113,6 +121,7 @@ with DAG(
         "cluster_name_for": cluster_name_for,
         "vpc_stack_name_for": vpc_stack_name_for,
         "plan": plan_of,  # the params with the run's sweep point applied (preflight's XCom)
+        "run_cluster": cluster_of,
     },
     # A call AWS denies fails its task at once: a retry meets the same policy (docs/operations.md).
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_policy": DeniedCallsFail()},
@@ -139,6 +148,7 @@ with DAG(
         permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
         require_permissions_boundary=PROFILE.get("require_permissions_boundary", True) is not False,
         node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
+        pcluster_conn_id=PCLUSTER_CONN_ID,  # where an existing cluster is checked
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -153,6 +163,7 @@ with DAG(
         },
         tags="{{ params.extra_tags }}",
         resource_ttl_hours="{{ params.resource_ttl_hours }}",
+        existing_cluster_name=EXISTING_CLUSTER,
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",
         waiter_delay=PROFILE["cluster_poll_interval_s"],
@@ -189,6 +200,7 @@ with DAG(
         node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
         # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
         pcluster_conn_id=PCLUSTER_CONN_ID,
+        existing_cluster_name=EXISTING_CLUSTER,
     )
 
     pcluster_create = CreateClusterOperator(
@@ -199,6 +211,10 @@ with DAG(
         aws_conn_id=AWS_CONN_ID,
         poll_interval=PROFILE["cluster_poll_interval_s"],
         max_live_nodes=MAX_LIVE_NODES,
+        existing_cluster_name=EXISTING_CLUSTER,
+        # Runs after a skipped render_config (an existing cluster) to adopt that cluster. A setup may
+        # not skip: Airflow would skip every task between it and its teardowns.
+        trigger_rule="none_failed",
         **({"pool": ADMISSION_POOL} if MAX_LIVE_NODES else {}),
     )
 
@@ -288,7 +304,9 @@ with DAG(
         budget={
             "max_usd": "{{ params.max_cost_usd }}",
             "usd_per_hour": "{{ ti.xcom_pull(task_ids='preflight')['estimate']['usd_per_hour'] }}",
-            "since": "{{ ti.xcom_pull(task_ids='pcluster_create')['created_at'] }}",
+            # From the cluster's creation; on an existing cluster, from the fleet's readiness.
+            "since": "{{ ti.xcom_pull(task_ids='pcluster_create')['created_at'] "
+                     "or ti.xcom_pull(task_ids='wait_for_fleet')['ready_at'] }}",
         },
         job_name="{{ dag.dag_id }}-train",
         # After a node fault: wait for the fleet, resubmit from the newest checkpoint (docs/operations.md).
@@ -314,6 +332,13 @@ with DAG(
         aws_conn_id=AWS_CONN_ID,
         s3_encryption=S3_ENCRYPTION,
         ssh_conn_id=SSH_CONN_ID,
+        # On an existing cluster the run is billed here, from its own Slurm jobs (delete_cluster skips).
+        billing={
+            "existing_cluster_name": EXISTING_CLUSTER,
+            "instance_type": "{{ params.instance_type }}",
+            "num_nodes": "{{ plan(ti).num_nodes }}",
+            "jobs": ["{{ ti.xcom_pull(task_ids='parallel_compile') }}", "{{ ti.xcom_pull(task_ids='train') }}"],
+        },
         outlets=[RESULTS_ASSET],
     )
 
@@ -342,6 +367,7 @@ with DAG(
         results_uri="{{ (ti.xcom_pull(task_ids='collect_results') or {}).get('artifacts_uri') }}",
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
         s3_encryption=S3_ENCRYPTION,
+        existing_cluster_name=EXISTING_CLUSTER,  # skips: the run never deletes a cluster it did not create
     )
 
     delete_vpc = DeleteVpcStackOperator(
@@ -355,6 +381,7 @@ with DAG(
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",
         waiter_delay=PROFILE["cluster_poll_interval_s"],
+        existing_cluster_name=EXISTING_CLUSTER,
     )
 
     (

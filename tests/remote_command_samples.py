@@ -41,6 +41,7 @@ def samples(job_dir: str, job_id: str = "1", script: str = "/bin/true",
         "squeue_job": [rc.squeue_job(job_id)],
         "scontrol_show_job": [rc.scontrol_show_job(job_id)],
         "sacct_job": [rc.sacct_job(job_id, "uc.samples")],
+        "sacct_usage": [rc.sacct_usage(["uc.samples", "uc.samples2"], "2026-12-01")],
         "scancel": [rc.scancel("999999")],
         # A node no cluster has: scontrol refuses it, after sudo and scontrol were found.
         "drain_nodes": [rc.drain_nodes(["uc-samples-none"], "UC samples")],

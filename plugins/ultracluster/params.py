@@ -73,6 +73,18 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
     p = profile
     return {
         # --- Cluster ---------------------------------------------------------------------------
+        "existing_cluster_name": _param(
+            None, "Existing cluster", CLUSTER,
+            "Optional: run on this ParallelCluster instead of creating one. The run creates no network, "
+            "config or cluster, and never deletes, updates or stops this one; preflight checks it is "
+            "CREATE_COMPLETE or UPDATE_COMPLETE with the queue, the instance type and 'Training nodes' "
+            "nodes. The run is billed from its own Slurm jobs. The cluster-shaping fields below then "
+            "do not apply.",
+            type=["null", "string"], pattern=CLUSTER_NAME_PATTERN),
+        "existing_cluster_queue": _param(
+            None, "Existing cluster's queue", CLUSTER,
+            f"Optional, with 'Existing cluster': the Slurm queue to train in. Empty: {TRAINING_QUEUE}.",
+            type=["null", "string"], pattern=QUEUE_NAME_PATTERN),
         "num_nodes": _param(
             p["num_nodes"], "Training nodes", CLUSTER,
             "Compute nodes the training job runs on (sbatch --nodes). At most 'Max nodes'.",

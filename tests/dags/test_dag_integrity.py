@@ -300,11 +300,19 @@ def test_delete_vpc_checks_the_cluster_delete_cluster_deletes(dag):
         def xcom_pull(self, task_ids):
             return self.xcoms.get(task_ids)
 
-    ti = TI({"render_config": {"cluster_name": "trn1-bert-abc"}})
+    own = {"plan": {"existing_cluster_name": None}}
+    ti = TI({"preflight": own, "render_config": {"cluster_name": "trn1-bert-abc"}})
     assert env.from_string(delete_vpc.cluster_name).render(ti=ti) == "trn1-bert-abc"
     assert env.from_string(delete_cluster.cluster_name).render(ti=ti) == "trn1-bert-abc"
     # render_config never ran (delete_vpc still runs: create_vpc succeeded): no cluster to check.
-    assert env.from_string(delete_vpc.cluster_name).render(ti=TI({})) is None
+    assert env.from_string(delete_vpc.cluster_name).render(ti=TI({"preflight": own})) is None
+    # On an existing cluster every task names that cluster (render_config skipped), and the
+    # teardowns are told it is not the run's: they skip.
+    byo = TI({"preflight": {"plan": {"existing_cluster_name": "team-cluster"}}})
+    for task in ("wait_for_fleet", "delete_cluster"):
+        assert env.from_string(dag.get_task(task).cluster_name).render(ti=byo) == "team-cluster"
+    for task in ("create_vpc", "render_config", "pcluster_create", "delete_cluster", "delete_vpc"):
+        assert env.from_string(dag.get_task(task).existing_cluster_name).render(ti=byo) == "team-cluster", task
 
 
 def test_render_config_dry_runs_with_pcluster_creates_settings(dag):

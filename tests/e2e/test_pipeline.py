@@ -1,14 +1,17 @@
 """trn1_bert_pretrain end to end on a real local UltraCluster: moto server, the pcluster-compatible CLI,
 slurmctld/slurmd/sshd, and the real BERT training job — first under dag.test(), then under a real
 scheduler + triggerer with the run triggered through the REST API. Afterwards nothing may be left:
-no cluster, stack, VPC, NAT gateway, Slurm job or daemon.
+no cluster, stack, VPC, NAT gateway, Slurm job or daemon. The second REST run trains on a cluster it
+did not create (existing_cluster_name), which it must leave as it was.
 """
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.profiles import load_profile
@@ -31,7 +34,8 @@ from tests.e2e.conftest import (
     run_dag_test,
     s3_client,
 )
-from tests.fixtures_localcluster import REGION
+from tests.e2e.test_preflight_e2e import task_log
+from tests.fixtures_localcluster import FAKE_AWS_CLIENT, REGION, cluster_config, run_pcluster, wait_for_status, wait_until_gone
 from tests.iam_policy import AIRFLOW_POLICY, denials, exercised, granted, render_policy
 from tests.log_scan import read_logs, scan
 
@@ -142,18 +146,29 @@ CACHED_CONF = {
 FIRST_RUN: dict = {}
 
 
-def _cached_run(api, env, e2e_home) -> dict:
-    run_id = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": CACHED_CONF})["dag_run_id"]
+# On a cluster the run did not create these skip, with their reason in the log; the setups adopt it.
+SKIPPED_ON_EXISTING = {"render_config": "has its own configuration", "delete_cluster": "never deletes, updates or stops",
+                       "delete_vpc": "was not created by this run"}
+
+
+def _cached_run(api, env, e2e_home, existing: str | None = None) -> dict:
+    conf = {**CACHED_CONF, **({"existing_cluster_name": existing} if existing else {})}
+    run_id = api.call("POST", f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
     state = api.wait_for_run(DAG_ID, run_id, RUN_TIMEOUT_S)
     states = api.task_states(DAG_ID, run_id)
-    assert states == {task: "success" for task in TASK_IDS}, states
+    skipped = SKIPPED_ON_EXISTING if existing else {}
+    assert states == {task: "skipped" if task in skipped else "success" for task in TASK_IDS}, states
     assert state == "success"
     xcoms = {task: api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task}"
                                    "/xcomEntries/return_value")["value"]
-             for task in ("collect_results", "parallel_compile", "restore_compile_cache", "save_compile_cache")}
+             for task in ("collect_results", "parallel_compile", "restore_compile_cache", "save_compile_cache",
+                          "pcluster_create", "train")}
     xcoms = {task: value if isinstance(value, dict) else json.loads(value) for task, value in xcoms.items()}
     compile_ti = api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/parallel_compile")
-    assert_nothing_left(env, e2e_home)
+    for task, reason in skipped.items():
+        assert reason in task_log(api, run_id, task), task
+    if not existing:
+        assert_nothing_left(env, e2e_home)
     return {"run_id": run_id, **xcoms, "compile_seconds": compile_ti["duration"]}
 
 
@@ -170,11 +185,93 @@ def test_rest_triggered_run_under_scheduler_and_triggerer(airflow_local, e2e_hom
     FIRST_RUN.update(first)
 
 
-def test_the_next_run_restores_the_compile_cache(airflow_local, e2e_home):
+def _ec2_client(env: dict[str, str]):
+    import boto3
+    return boto3.client("ec2", region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"], **FAKE_AWS_CLIENT)
+
+
+@pytest.fixture
+def existing_cluster(airflow_local, e2e_home):
+    """A team's standing cluster, made outside any run with the pcluster CLI: its own network, 2 static
+    nodes, Slurm accounting (slurmdbd), ParallelCluster's tags only. Deleted afterwards, with its network."""
+    env = airflow_local[1]
+    ec2, name = _ec2_client(env), "team-standing"
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24", AvailabilityZone=f"{REGION}a")["Subnet"]["SubnetId"]
+    config = e2e_home / "configs" / f"{name}.yaml"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(yaml.safe_dump(cluster_config(subnet, static=2, dynamic=0, accounting=True)))
+    try:
+        code, created = run_pcluster(env, "create-cluster", "-n", name, "-c", str(config))
+        assert code == 0, created
+        assert wait_for_status(env, name, {"CREATE_COMPLETE", "CREATE_FAILED"}, timeout=300)["clusterStatus"] == \
+            "CREATE_COMPLETE"
+        yield name
+    finally:
+        run_pcluster(env, "delete-cluster", "-n", name)
+        wait_until_gone(env, name, timeout=300)
+        for group in ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]:
+            if group["GroupName"] != "default":  # the cluster stack's, should its delete have left it
+                ec2.delete_security_group(GroupId=group["GroupId"])
+        ec2.delete_subnet(SubnetId=subnet)
+        ec2.delete_vpc(VpcId=vpc)
+
+
+def cluster_as_it_is(env: dict[str, str], home: Path, name: str) -> dict:
+    """What a run must not change: the cluster's status, fleet, head node, instances, tags and stack,
+    and the CLI calls naming it that change a cluster."""
+    import boto3
+    code, described = run_pcluster(env, "describe-cluster", "-n", name)
+    assert code == 0, described
+    code, instances = run_pcluster(env, "describe-cluster-instances", "-n", name)
+    assert code == 0, instances
+    cfn = boto3.client("cloudformation", region_name=REGION, endpoint_url=env["AWS_ENDPOINT_URL"],
+                       **FAKE_AWS_CLIENT)
+    stack = cfn.describe_stacks(StackName=described["cloudformationStackArn"])["Stacks"][0]
+    calls = [json.loads(line) for line in (home / "logs" / "pcluster-calls.jsonl").read_text().splitlines()]
+    return {
+        **{key: described.get(key) for key in ("clusterStatus", "computeFleetStatus", "lastUpdatedTime", "tags",
+                                               "cloudformationStackArn", "headNode")},
+        "instances": sorted((i["instanceId"], i["nodeType"], i["state"]) for i in instances["instances"]),
+        "stack": (stack["StackStatus"], stack.get("LastUpdatedTime"), stack["Tags"]),
+        "stack_events": len(cfn.describe_stack_events(StackName=stack["StackId"])["StackEvents"]),
+        "changes": [c for c in calls if c["cluster"] == name and c["command"] in (
+            "delete-cluster", "update-cluster", "update-compute-fleet", "create-cluster")],
+    }
+
+
+def test_the_next_run_restores_the_compile_cache_on_a_cluster_it_did_not_create(airflow_local, e2e_home,
+                                                                                existing_cluster, monkeypatch):
+    """The second cached run, on a standing cluster (existing_cluster_name): it restores the first run's
+    compile cache onto that cluster's storage, trains, is billed from its own Slurm jobs, and leaves the
+    cluster as it was; the reaper keeps the cluster (no run created it)."""
     if not FIRST_RUN:
         pytest.fail("needs test_rest_triggered_run_under_scheduler_and_triggerer's run, which did not finish")
     api, env = airflow_local
-    second = _cached_run(api, env, e2e_home)
+    before = cluster_as_it_is(env, e2e_home, existing_cluster)
+    second = _cached_run(api, env, e2e_home, existing=existing_cluster)
+    assert cluster_as_it_is(env, e2e_home, existing_cluster) == before
+    assert before["clusterStatus"] == "CREATE_COMPLETE" and len(before["instances"]) == 3  # head node + 2 static
+    assert [c["command"] for c in before["changes"]] == ["create-cluster"]  # the fixture's, and nothing since
+    adopted = second["pcluster_create"]
+    assert (adopted["cluster_name"], adopted["existing"], adopted["created_at"]) == (existing_cluster, True, None)
+    # Billed from the run's own jobs (sacct: elapsed x nodes), not from the cluster's life.
+    usage = second["collect_results"]["usage"]
+    assert (usage["basis"], usage["source"], usage["cluster_name"]) == ("slurm_jobs", "sacct", existing_cluster)
+    assert sorted(j["name"] for j in usage["jobs"]) == sorted(second[t]["job_name"] for t in ("parallel_compile", "train"))
+    assert {j["nodes"] for j in usage["jobs"]} == {2} and usage["compute_node_hours"] > 0 and usage["usd"] > 0
+    body = s3_client(env["AWS_ENDPOINT_URL"]).get_object(
+        Bucket="ultracluster-artifacts", Key=split_s3_uri(second["collect_results"]["artifacts_uri"])[1] + "results.json")
+    assert json.loads(body["Body"].read())["usage"] == usage
+    # The reaper sees the cluster and keeps it: it carries no run's marker.
+    for line in (e2e_home / "airflow.env").read_text().splitlines():
+        if line.startswith(("AIRFLOW_CONN_PCLUSTER_DEFAULT=", "AIRFLOW_CONN_AWS_DEFAULT=")):
+            key, _, value = line.partition("=")
+            monkeypatch.setenv(key, shlex.split(value)[0])
+    from ultracluster.reaper import build_reaper
+    verdicts = build_reaper(lambda dag_id, run_id: None, region_name=REGION).reap(dry_run=True).verdicts
+    kept = {v.name: v for v in verdicts if v.kind == "cluster"}
+    assert not kept[existing_cluster].reap and "no ultracluster:created-by" in kept[existing_cluster].reason
     restored, cache = second["restore_compile_cache"], second["parallel_compile"]["compile_cache"]
     assert restored["restored"] is True and restored["key"] == FIRST_RUN["save_compile_cache"]["key"]
     assert cache["hits"] > 0 and cache["misses"] == 0, cache

@@ -25,6 +25,8 @@ BAD_CONFS = {
                   "ssh_allowed_cidr: 0.0.0.0/0 opens the head node's SSH (port 22) to the whole internet"),
     "reservation": ({"capacity_reservation_id": "cr-0000000000000000b"},
                     "capacity_reservation_id: cr-0000000000000000b: no such capacity reservation"),
+    "existing cluster": ({"existing_cluster_name": "no-such-cluster"},
+                         "existing_cluster_name: cluster no-such-cluster does not exist in region us-east-1"),
 }
 
 

@@ -156,7 +156,7 @@ def test_usage_json_and_the_rewritten_results_json_are_encrypted(artifacts):
     artifacts.put_object(Bucket=BUCKET, Key=prefix + "results.json", Body=b"{}", ServerSideEncryption="AES256")
     op = SimpleNamespace(aws_conn_id="uc_test_aws", results_uri=f"s3://{BUCKET}/{prefix}", s3_encryption=KMS,
                          log=logging.getLogger("test"))
-    write_beside_results(op, {"usd": 1.0})
+    write_beside_results(op, {"usd": 1.0}, op.results_uri)
     for name in ("usage.json", "results.json"):
         assert encryption(artifacts, prefix + name) == ("aws:kms", KMS["SSEKMSKeyId"])
 

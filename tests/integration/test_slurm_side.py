@@ -435,10 +435,17 @@ def test_final_state_from_sacct_when_accounting_exists(uc_home, uc_env, make_clu
             time.sleep(1)
         assert by_name.state == "FAILED"
         assert status_from_sacct(job_id, node.run(rc.sacct_job(job_id, "uc.other")), "uc.other") is None
+        # What a run on an existing cluster is billed from (collect_results): its jobs' elapsed x nodes.
+        today = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 86400))
+        usage = slurm.sacct_usage(["uc.acct", "uc.other"], today)
+        assert [(j["job_id"], j["name"], j["state"], j["nodes"]) for j in usage] == [(job_id, "uc.acct", "FAILED", 1)]
+        assert usage[0]["elapsed_s"] >= 0
         if os.environ.get("UC_CAPTURE_DIR"):
             capture = Path(os.environ["UC_CAPTURE_DIR"])
             (capture / "sacct_failed.cmd").write_text(rc.sacct_job(job_id).shell + "\n")
             (capture / "sacct_failed.out").write_text(result.stdout)
+            (capture / "sacct_usage.cmd").write_text(rc.sacct_usage(["uc.acct"], today).shell + "\n")
+            (capture / "sacct_usage.out").write_text(node.run(rc.sacct_usage(["uc.acct"], today)).stdout)
     finally:
         pcluster("delete-cluster", "-n", "acct")
         wait_until_gone(uc_env, "acct", timeout=120)

@@ -450,7 +450,8 @@ def test_success_result_shape(training_dir):
     assert result.pop("started_at") == "2026-11-30T08:05:00+00:00"
     assert datetime.fromisoformat(result.pop("ended_at")) > datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)
     assert result == {
-        "job_id": "7", "state": "COMPLETED", "exit_code": 0, "output_dir": "/fsx/jobs/run1/train/output_7",
+        "job_id": "7", "job_name": TRAIN_NAME, "state": "COMPLETED", "exit_code": 0,
+        "output_dir": "/fsx/jobs/run1/train/output_7",
         "log_path": "/fsx/jobs/run1/train/slurm-7.out", "results_path": "/fsx/jobs/run1/train/output_7/results.json",
         "auto_resume": {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}},
     }

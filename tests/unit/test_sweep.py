@@ -90,8 +90,8 @@ def test_the_plan_applies_the_point():
     plan = run_plan(dict(params, max_nodes=32, min_nodes=4), sunday(1), WEEK)
     assert (plan["num_nodes"], plan["max_nodes"]) == (2, 4)
     assert describe_point(plan["sweep_point"]).startswith("sweep s1: point 2/5 -> num_nodes=2")
-    assert run_plan({"num_nodes": 3, "sweep": None}, None, WEEK) == {"num_nodes": 3, "sweep": None,
-                                                                    "sweep_point": None}
+    assert run_plan({"num_nodes": 3, "sweep": None}, None, WEEK) == {
+        "num_nodes": 3, "sweep": None, "sweep_point": None, "existing_cluster_name": None, "training_queue": "compute1"}
 
 
 @pytest.mark.parametrize("sweep, ok", [

@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import urllib.request
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -19,6 +20,8 @@ from ultracluster.parsers.pcluster import PclusterError, dryrun_succeeded, parse
 
 # create-cluster without --wait returns once CloudFormation accepted the stack; describe is quick.
 DEFAULT_CLI_TIMEOUT_S = 900
+# Reading a cluster's configuration (a few KB from S3).
+CONFIG_READ_TIMEOUT_S = 60
 
 
 class ParallelClusterHook(BaseHook):
@@ -160,6 +163,20 @@ class ParallelClusterHook(BaseHook):
 
     def describe_cluster(self, cluster_name: str) -> dict:
         return self._run("describe-cluster", "--cluster-name", cluster_name)
+
+    def get_cluster_configuration(self, description: dict) -> str:
+        """The cluster's configuration (YAML), read from describe-cluster's ``clusterConfiguration.url``:
+        a presigned S3 URL, so no S3 permission beyond pcluster's is needed. The URL is a secret: it
+        is never logged, and errors quote it redacted."""
+        url = (description.get("clusterConfiguration") or {}).get("url")
+        name = description.get("clusterName")
+        if not url:
+            raise PclusterError(f"describe-cluster of {name} gives no clusterConfiguration.url")
+        try:
+            with urllib.request.urlopen(url, timeout=CONFIG_READ_TIMEOUT_S) as response:
+                return response.read().decode()
+        except (OSError, ValueError) as err:  # urllib's URLError and HTTPError are OSErrors
+            raise PclusterError(f"cannot read the configuration of cluster {name}: {err}") from None
 
     async def adescribe_cluster(self, cluster_name: str) -> dict:
         return await self._arun("describe-cluster", "--cluster-name", cluster_name)

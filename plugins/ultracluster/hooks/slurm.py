@@ -220,6 +220,15 @@ class SlurmHook(BaseHook):
         command = remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "health"))
         return _checked(command, self._run(command)).stdout
 
+    def sacct_usage(self, job_names: list[str], since_day: str) -> list[dict[str, Any]] | None:
+        """The allocations of jobs of these names (``parse.parse_sacct_usage``); None when the cluster
+        has no accounting (no slurmdbd)."""
+        command = remote_commands.sacct_usage(job_names, since_day)
+        result = self._run(command)
+        if parse.is_accounting_disabled(result.stdout + result.stderr):
+            return None
+        return parse.parse_sacct_usage(_checked(command, result).stdout)
+
     def job_status(self, job_id: str, job_dir: str, *, job_name: str | None = None) -> JobStatus:
         """Where the job stands (``_job_status_plan``)."""
         return _drive(_job_status_plan(job_id, job_dir, job_name), self._run)

@@ -25,6 +25,7 @@ from ultracluster.operators.dataset import dataset_object, read_sidecar
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run import s3_access
 from ultracluster.run.errors import aws_error_code, is_transient
+from ultracluster.run.existing_cluster import existing_cluster
 from ultracluster.run.s3 import split_s3_uri
 
 
@@ -35,7 +36,9 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     ``probe_name``: a file name unique to the run, written (with ``sse``, the deployment's encryption,
     so a KMS key the role cannot use shows here) and deleted to prove write access. ``warnings``, when
     given, gets what is worth a look but no failure (an unreadable checksum sidecar). ``capacity``:
-    ``capacity_checks.capacity_problems``' keyword arguments (None: capacity not checked)."""
+    ``capacity_checks.capacity_problems``' keyword arguments (None: capacity not checked). A run on an
+    existing cluster launches nothing itself: its key pair, instance offerings, quota and capacity are
+    the cluster's (preflight checks the cluster instead)."""
     s3 = ArtifactsS3Hook(aws_conn_id=aws_conn_id, sse=sse)
     dataset = DatasetS3Hook(aws_conn_id=aws_conn_id, anonymous=plan.get("dataset_anonymous") is True)
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
@@ -47,11 +50,12 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
         if plan.get("compile_cache_s3_uri"):
             problems += unwritable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
         problems += _resumable(s3, plan.get("resume_from"))
-        problems += _key_pair(ec2, plan.get("key_name"))
-        problems += _offerings(ec2, plan)
-        problems += _trn_quota(ec2, plan, prices, log)
-        if capacity is not None:
-            problems += capacity_problems(ec2, plan, **capacity)
+        if not existing_cluster(plan):  # what launching the run's own cluster needs
+            problems += _key_pair(ec2, plan.get("key_name"))
+            problems += _offerings(ec2, plan)
+            problems += _trn_quota(ec2, plan, prices, log)
+            if capacity is not None:
+                problems += capacity_problems(ec2, plan, **capacity)
     except (NoCredentialsError, PartialCredentialsError) as err:   # a deployment's setup, not a blip
         return [f"AWS connection {aws_conn_id!r}: {err}; nothing in the account could be checked"]
     return problems

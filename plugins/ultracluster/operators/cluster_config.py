@@ -23,6 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ClusterConfigLink
+from ultracluster.operators.existing_cluster import step_on_existing_cluster
 from ultracluster.parsers.pcluster import (
     ClusterAlreadyExistsError,
     ClusterValidationError,
@@ -37,6 +38,7 @@ from ultracluster.run.form import (
     TRAINING_QUEUE,
 )
 from ultracluster.run import capacity as run_capacity
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
 from ultracluster.run.neuron_versions import render_on_node_configured
 from ultracluster.run import node_iam
@@ -153,7 +155,7 @@ class RenderClusterConfigOperator(BaseOperator):
     passes ``pcluster create-cluster --dryrun true`` (``pcluster_conn_id``) before it is uploaded.
 
     Returns ``{"cluster_name", "config_s3_uri", "config_s3_key", "bucket", "on_node_configured_s3_uri",
-    "queues", "training_queue"}``.
+    "queues", "training_queue"}``. Skips when the run uses an existing cluster (``existing_cluster_name``).
     """
 
     template_fields: Sequence[str] = (
@@ -161,7 +163,7 @@ class RenderClusterConfigOperator(BaseOperator):
         "min_nodes", "max_nodes", "extra_queues", "shared_storage_mount_dir", "fsx_storage_capacity_gib",
         "artifacts_s3_uri", "extra_tags",
         "custom_ami", "log_retention_days", "resource_ttl_hours", "capacity_type", "capacity_reservation_id",
-        "capacity_reservation_resource_group_arn", "ssh_allowed_cidr", "allow_world_ssh",
+        "capacity_reservation_resource_group_arn", "ssh_allowed_cidr", "allow_world_ssh", "existing_cluster_name",
     )
     operator_extra_links = (ClusterConfigLink(),)
     ui_color = "#d9e8f5"
@@ -200,9 +202,11 @@ class RenderClusterConfigOperator(BaseOperator):
         allow_world_ssh: Any = False,
         permissions_boundary_arn: str | None = None,
         node_kms_policy_arn: str | None = None,
+        existing_cluster_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.existing_cluster_name = existing_cluster_name
         # The training queue's capacity (run.capacity) and who may reach the head node's SSH
         # (run.ssh_access: no value is refused unless allow_world_ssh).
         self.capacity_type = capacity_type
@@ -289,6 +293,7 @@ class RenderClusterConfigOperator(BaseOperator):
                                      log=self.log)
 
     def execute(self, context: Context) -> dict:
+        step_on_existing_cluster(self, byo.CONFIG)
         bucket, run_prefix = run_artifacts_location(self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"])
         script_key = f"{run_prefix}/on_node_configured.sh"
         config_key = f"{run_prefix}/cluster-config.yaml"

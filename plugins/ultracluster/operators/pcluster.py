@@ -23,6 +23,10 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ParallelClusterStackLink
 from ultracluster.operators.admission import describe_held, nodes_held
 from ultracluster.operators.create_failure import log_create_failure
+from ultracluster.operators.existing_cluster import (
+    adopt_cluster,
+    step_on_existing_cluster,
+)
 from ultracluster.parsers.pcluster import (
     ClusterAlreadyExistsError,
     ClusterNotFoundError,
@@ -33,6 +37,7 @@ from ultracluster.parsers.pcluster import (
     public_description,
     region_from_arn,
 )
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.states import (
     CREATE_COMPLETE,
     CREATE_FAILED,
@@ -69,10 +74,13 @@ class CreateClusterOperator(BaseOperator):
         waits (deferred) without creating anything. Run the task in a one-slot pool so that two
         runs never check and create at the same time.
     :param max_admission_wait: seconds to wait for room under the cap before failing (None: forever).
+    :param existing_cluster_name: the run uses this cluster, which it did not create
+        (``run.existing_cluster``): the task checks it is still usable and returns it, creating,
+        changing and waiting for nothing (``existing`` True in the result).
     Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
-    "config_s3_uri"}``.
+    "config_s3_uri", "created_at"}``.
     """
-    template_fields: Sequence[str] = ("cluster_config", "suppress_validators", "region_name")
+    template_fields: Sequence[str] = ("cluster_config", "suppress_validators", "region_name", "existing_cluster_name")
     operator_extra_links = (ParallelClusterStackLink(),)
     ui_color = "#ffd39b"
 
@@ -89,9 +97,11 @@ class CreateClusterOperator(BaseOperator):
         max_attempts: int = 240,
         max_live_nodes: int | None = None,
         max_admission_wait: float | None = 24 * 3600,
+        existing_cluster_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.existing_cluster_name = existing_cluster_name
         self.max_live_nodes = max_live_nodes
         self.max_admission_wait = max_admission_wait
         self._waiting_since: float | None = None
@@ -113,6 +123,8 @@ class CreateClusterOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict:
         hook = self.hook()
+        if step_on_existing_cluster(self, byo.CREATE).action == byo.ADOPT:
+            return adopt_cluster(context, hook, byo.named(self.existing_cluster_name))
         run_id = context["run_id"]
         try:
             description = hook.describe_cluster(self.cluster_name)

@@ -8,9 +8,11 @@ from airflow.sdk import BaseOperator
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ParallelClusterStackLink
+from ultracluster.operators.existing_cluster import step_on_existing_cluster
 from ultracluster.operators.pcluster import status_trigger
 from ultracluster.operators.usage import record_usage
 from ultracluster.parsers.pcluster import ClusterNotFoundError, region_from_arn
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.clock import utc_now
 from ultracluster.run.s3 import check_sse
 from ultracluster.run.states import DELETE_IN_PROGRESS
@@ -35,8 +37,11 @@ class DeleteClusterOperator(BaseOperator):
     :param results_uri: the run's results folder (collect_results' ``artifacts_uri``); None: XCom only.
     :param fsx_storage_capacity_gib: FSx for Lustre billed over the head node's life; None: no FSx.
     :param s3_encryption: server-side encryption of usage.json and results.json (``s3_encryption.sse_args``).
+    :param existing_cluster_name: the run used this cluster, which it did not create: the task skips
+        (collect_results billed the run from its Slurm jobs).
     """
-    template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib")
+    template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib",
+                                      "existing_cluster_name")
     operator_extra_links = (ParallelClusterStackLink(),)
     ui_color = "#ffd39b"
 
@@ -53,9 +58,11 @@ class DeleteClusterOperator(BaseOperator):
         max_attempts: int = 120,
         max_delete_attempts: int = 3,
         s3_encryption: Mapping[str, str] | None = None,
+        existing_cluster_name: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.existing_cluster_name = existing_cluster_name
         self.s3_encryption = check_sse(s3_encryption)
         self.cluster_name = cluster_name
         self.aws_conn_id = aws_conn_id
@@ -71,6 +78,7 @@ class DeleteClusterOperator(BaseOperator):
         return ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
 
     def execute(self, context: Context) -> dict:
+        step_on_existing_cluster(self, byo.DELETE_CLUSTER)
         return self._delete(context, delete_attempt=1)
 
     def _delete(self, context: Context, delete_attempt: int) -> dict:

@@ -20,8 +20,10 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
+from ultracluster.operators.existing_cluster import existing_cluster_problems
 from ultracluster.run import boot_time
 from ultracluster.run import capacity as run_capacity
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.cost import PriceError, estimate, load_prices
 from ultracluster.run.errors import counted, problem_list
 from ultracluster.run.names import safe_run_id
@@ -60,6 +62,10 @@ class PreflightOperator(BaseOperator):
         empty and ``require_permissions_boundary`` (every profile but the local one's).
     :param node_kms_policy_arn: the profile's managed policy giving the nodes ``kms:Decrypt`` on a
         customer managed key (``run.node_iam``).
+    :param pcluster_conn_id: where a run on an existing cluster (``existing_cluster_name``) finds it:
+        it must exist, be complete and have the run's queue, instance type, nodes and shared storage
+        (``operators.existing_cluster``); the head node, the cluster's network and its SSH access are
+        then the cluster's, and the estimate prices the run's nodes only.
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -70,8 +76,9 @@ class PreflightOperator(BaseOperator):
                  estimate_boot_time: bool = False, reservation_lead_s: int = 0,
                  default_ssh_allowed_cidr: str | None = None, permissions_boundary_arn: str | None = None,
                  require_permissions_boundary: bool = True, node_kms_policy_arn: str | None = None,
-                 **kwargs: Any) -> None:
+                 pcluster_conn_id: str = "pcluster_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.pcluster_conn_id = pcluster_conn_id
         self.permissions_boundary_arn = permissions_boundary_arn
         self.require_permissions_boundary = require_permissions_boundary
         self.node_kms_policy_arn = node_kms_policy_arn
@@ -91,22 +98,24 @@ class PreflightOperator(BaseOperator):
             raise AirflowFailException(str(err)) from None
         # The head node's SSH CIDR render_config renders: the run's, else the deployment's.
         plan["ssh_allowed_cidr"] = effective_cidr(plan.get("ssh_allowed_cidr"), self.default_ssh_allowed_cidr)
-        point = plan["sweep_point"]
+        point, existing = plan["sweep_point"], byo.existing_cluster(plan)
         if point:
             self.log.info("%s", describe_point(point))
         try:
             prices = load_prices()
-            expected = estimate(plan, prices)
+            expected = estimate(byo.billed_plan(plan), prices)
         except PriceError as err:
             raise AirflowFailException(f"cost estimate: {err}") from None
         problems = plan_problems(plan)
         problems += tag_problems(plan.get("extra_tags"))
-        # Not a rule of the plan: the production profile leaves the CIDR to the deployment, and refuses without it.
-        problems += ssh_problems(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
-        # The deployment's IAM: the boundary of the cluster's roles, the nodes' KMS grant (run.node_iam).
-        problems += iam_problems(self.s3_encryption, self.node_kms_policy_arn, self.permissions_boundary_arn,
-                                 self.require_permissions_boundary)
         warnings: list[str] = []
+        if existing:
+            problems += existing_cluster_problems(plan, self.pcluster_conn_id, self.log, warnings)
+        else:  # the production profile leaves the head node's CIDR to the deployment, and refuses without it
+            problems += ssh_problems(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
+            # The deployment's IAM: the boundary of the cluster's roles, the nodes' KMS grant (run.node_iam).
+            problems += iam_problems(self.s3_encryption, self.node_kms_policy_arn, self.permissions_boundary_arn,
+                                     self.require_permissions_boundary)
         now = datetime.now(timezone.utc)
         capacity = {"run_hours": expected["hours"], "now": now, "found": [],
                     "needed_by": now + timedelta(seconds=int(self.reservation_lead_s))}
@@ -116,7 +125,7 @@ class PreflightOperator(BaseOperator):
             raise AirflowFailException(problem_list(
                 f"preflight found {counted(problems, 'problem')}, nothing was created", problems))
         price = run_capacity.node_price(plan, capacity["found"], expected["usd_per_node_hour"])
-        expected = estimate(plan, prices, node_price=price)
+        expected = estimate(byo.billed_plan(plan), prices, node_price=price)
         if not price["known"]:
             warnings.append(f"cost estimate: {price['note']}")
         self.log.info(
@@ -131,8 +140,9 @@ class PreflightOperator(BaseOperator):
                 "lower num_nodes or steps_this_run, or raise max_cost_usd"
             )
         warnings += public_access_warnings(plan, self.aws_conn_id)
-        warnings += ssh_warnings(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
-        boot = self._boot(plan, warnings) if self.estimate_boot_time else None
+        if not existing:  # an existing cluster's head node and nodes are as it made them
+            warnings += ssh_warnings(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
+        boot = self._boot(plan, warnings) if self.estimate_boot_time and not existing else None
         for warning in warnings:
             self.log.warning("%s", warning)
         if point:

@@ -22,10 +22,13 @@ from ultracluster import remote_commands
 from ultracluster.hooks import DEFAULT_SSH_CONN_ID
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.head_node import HeadNodeHook
+from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import S3ResultsLink, SweepReportLink
 from ultracluster.operators.remote_transfer import RemoteTransferMixin
+from ultracluster.operators.usage import record_job_usage
 from ultracluster.parsers.files import parse_file_listing
 from ultracluster.run.contracts import extract_metrics, select_artifacts
+from ultracluster.run.existing_cluster import named
 from ultracluster.run.names import run_artifacts_location
 from ultracluster.run.s3 import check_sse
 
@@ -71,8 +74,11 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
     :param ssh_conn_id: SSH connection of the head node.
     :param num_nodes: nodes of the run (else read from results.json).
     :param scaling_mode: ``strong``/``weak`` (else read from results.json).
+    :param billing: on an existing cluster, ``{"existing_cluster_name", "instance_type", "num_nodes",
+        "jobs": [the Slurm tasks' XComs]}``: the run is billed from its own jobs (``usage.record_job_usage``)
+        into the return value's ``usage`` and results.json's. None, or no cluster named: delete_cluster bills.
     """
-    template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode")
+    template_fields: Sequence[str] = ("head_node", "train", "artifacts_s3_uri", "num_nodes", "scaling_mode", "billing")
     ui_color = "#e8daef"
     operator_extra_links = (S3ResultsLink(), SweepReportLink())
 
@@ -89,9 +95,11 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         presigned_url_expiry: int = 6 * 3600,
         transfer_timeout: float = 6 * 3600,
         s3_encryption: Mapping[str, str] | None = None,
+        billing: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.billing = billing
         self.s3_encryption = check_sse(s3_encryption)
         self.head_node = head_node
         self.train = train
@@ -148,6 +156,10 @@ class CollectResultsOperator(RemoteTransferMixin, BaseOperator):
         head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
         self._upload(head_node, s3, bucket, prefix, uploads, pid_file)
         metrics["artifacts_uri"] = f"s3://{bucket}/{prefix}/"
+        if isinstance(self.billing, Mapping) and named(self.billing.get("existing_cluster_name")):
+            metrics["usage"] = record_job_usage(self, SlurmHook(head_node_hook=head_node), self.billing,
+                                                getattr(context.get("dag_run"), "start_date", None),
+                                                metrics["artifacts_uri"])
 
         self.log.info("Training results (job %s):\n%s", metrics["job_id"], summary_table(metrics))
         for asset in self.outlets or []:

@@ -301,7 +301,8 @@ class SlurmJobOperator(BaseOperator):
     def _result(self, context: Context, job: SlurmJob, job_id: str, event: dict[str, Any]) -> dict[str, Any]:
         out = job.output_dir(job_id)
         result = {
-            "job_id": job_id, "state": event.get("state"), "exit_code": event.get("exit_code"), "output_dir": out,
+            "job_id": job_id, "job_name": job.spec.name, "state": event.get("state"), "exit_code": event.get("exit_code"),
+            "output_dir": out,
             "log_path": job.log_path(job_id), "results_path": event.get("results_path") or f"{out}/results.json",
             # The task's span, submission to end seen (the scaling report's idle fleet time).
             "started_at": iso(getattr(context.get("ti"), "start_date", None)), "ended_at": utc_now(),

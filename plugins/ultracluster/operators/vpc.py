@@ -17,7 +17,9 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from ultracluster.hooks.network_stack import NetworkStackHook
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import CloudFormationStackLink
+from ultracluster.operators.existing_cluster import step_on_existing_cluster
 from ultracluster.parsers.pcluster import ClusterNotFoundError
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.form import DEFAULT_RESOURCE_TTL_HOURS
 from ultracluster.run.profiles import include_dir
 from ultracluster.run.states import (
@@ -133,15 +135,20 @@ class CreateVpcStackOperator(_NetworkStackOperator):
         to reuse instead of creating; None creates the stack.
     :param resource_ttl_hours: the stack's ``ultracluster:expires-at`` is the run's start plus this
         (what the reaper goes by when the run is gone).
+    :param existing_cluster_name: the run uses this cluster (``run.existing_cluster``): nothing is
+        created, and the result says so (``owned`` False, ``existing_cluster_name``).
     """
     template_fields: Sequence[str] = aws_template_fields(
         "stack_name", "availability_zone_id", "existing_network", "tags", "resource_ttl_hours",
+        "existing_cluster_name",
     )
 
     def __init__(self, *, stack_name: str, availability_zone_id: str, existing_network: dict | None = None,
                  tags: dict[str, str] | None = None, template_path: str | None = None,
-                 resource_ttl_hours: Any = DEFAULT_RESOURCE_TTL_HOURS, **kwargs: Any) -> None:
+                 resource_ttl_hours: Any = DEFAULT_RESOURCE_TTL_HOURS, existing_cluster_name: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.existing_cluster_name = existing_cluster_name
         self.stack_name = stack_name
         self.availability_zone_id = availability_zone_id
         self.existing_network = existing_network
@@ -150,6 +157,9 @@ class CreateVpcStackOperator(_NetworkStackOperator):
         self.template_path = template_path
 
     def execute(self, context: Context) -> dict:
+        if step_on_existing_cluster(self, byo.NETWORK).action == byo.ADOPT:
+            return {"owned": False, "stack_name": None, "region": self.hook.region_name,
+                    "existing_cluster_name": byo.named(self.existing_cluster_name)}
         network = {k: v for k, v in (self.existing_network or {}).items() if v}
         if network:
             return self._adopt_existing(network)
@@ -257,18 +267,22 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
     left alone.
 
     :param cluster_name: the run's cluster (delete_cluster's name); empty skips the check.
+    :param existing_cluster_name: the run used this cluster, which it did not create: the task skips.
     """
-    template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name")
+    template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name", "existing_cluster_name")
 
     def __init__(self, *, vpc: dict | None = None, stack_name: str | None = None, cluster_name: str | None = None,
-                 pcluster_conn_id: str = "pcluster_default", waiter_max_attempts: int = 120, **kwargs: Any) -> None:
+                 pcluster_conn_id: str = "pcluster_default", waiter_max_attempts: int = 120,
+                 existing_cluster_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(waiter_max_attempts=waiter_max_attempts, **kwargs)
+        self.existing_cluster_name = existing_cluster_name
         self.vpc = vpc
         self.stack_name = stack_name
         self.cluster_name = cluster_name
         self.pcluster_conn_id = pcluster_conn_id
 
     def execute(self, context: Context) -> dict:
+        step_on_existing_cluster(self, byo.DELETE_NETWORK)
         self._check_cluster_gone(context)
         return self._delete_network(context)
 

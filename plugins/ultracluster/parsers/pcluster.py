@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+import yaml
+
 # Keys of describe-cluster kept in events and XCom: clusterConfiguration.url is a presigned S3 URL.
 _DESCRIPTION_KEYS = (
     "clusterName", "clusterStatus", "cloudFormationStackStatus", "cloudformationStackArn", "region",
@@ -187,6 +189,48 @@ def region_from_arn(arn: str | None) -> str | None:
     """``arn:aws:cloudformation:<region>:<account>:stack/<name>/<id>`` -> region."""
     parts = (arn or "").split(":")
     return parts[3] if len(parts) > 4 else None
+
+
+# --- a cluster's configuration (the YAML describe-cluster's clusterConfiguration.url serves)
+
+# ParallelCluster's default of ComputeResources[].MaxCount when a config leaves it out.
+DEFAULT_MAX_COUNT = 10
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def config_facts(config_yaml: str) -> dict[str, Any]:
+    """What a run needs to know of a cluster's ParallelCluster v3 config: ``{"queues": {queue:
+    [{"name", "instance_types", "min_count", "max_count"}]}, "mount_dirs": [...], "accounting": bool}``.
+    A compute resource names one ``InstanceType`` or several under ``Instances`` (flexible types).
+    Raises ValueError for text that is not a config."""
+    try:
+        config = yaml.safe_load(config_yaml)
+    except yaml.YAMLError as err:
+        raise ValueError(f"the cluster's configuration is not YAML: {err}") from None
+    if not isinstance(config, dict):
+        raise ValueError("the cluster's configuration is not a YAML mapping")
+    scheduling = config.get("Scheduling") if isinstance(config.get("Scheduling"), dict) else {}
+    queues: dict[str, list[dict[str, Any]]] = {}
+    for queue in _list(scheduling.get("SlurmQueues")):
+        resources = []
+        for resource in _list(queue.get("ComputeResources")) if isinstance(queue, dict) else []:
+            if not isinstance(resource, dict):
+                continue
+            types = [resource["InstanceType"]] if resource.get("InstanceType") else [
+                i.get("InstanceType") for i in _list(resource.get("Instances")) if isinstance(i, dict)]
+            resources.append({"name": resource.get("Name"), "instance_types": [t for t in types if t],
+                              "min_count": int(resource.get("MinCount") or 0),
+                              "max_count": int(resource.get("MaxCount", DEFAULT_MAX_COUNT))})
+        if isinstance(queue, dict) and queue.get("Name"):
+            queues[str(queue["Name"])] = resources
+    settings = scheduling.get("SlurmSettings") if isinstance(scheduling.get("SlurmSettings"), dict) else {}
+    return {"queues": queues,
+            "mount_dirs": [s["MountDir"] for s in _list(config.get("SharedStorage"))
+                           if isinstance(s, dict) and s.get("MountDir")],
+            "accounting": bool(settings.get("Database"))}
 
 
 # --- stack events and head node logs (get-cluster-stack-events, list-cluster-log-streams, get-cluster-log-events)

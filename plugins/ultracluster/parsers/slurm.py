@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from ultracluster.run.states import JOB_SUCCESS_STATES, JOB_TERMINAL_STATES, base_state
 
@@ -262,6 +263,23 @@ def parse_sacct(stdout: str, job_id: str) -> tuple[str, int | None, int | None, 
             nodes = _null(parts[4]) if len(parts) > 4 else None
             return base_state(parts[2]), status, signal, None if nodes == "None assigned" else nodes
     return None
+
+
+def parse_sacct_usage(stdout: str) -> list[dict[str, Any]]:
+    """Allocations as ``remote_commands.sacct_usage`` lists them (``JobID|JobName|State|ElapsedRaw|
+    NNodes``): ``[{"job_id", "name", "state", "elapsed_s", "nodes"}]``."""
+    jobs = []
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 5 or not parts[0]:
+            continue
+        try:
+            elapsed, nodes = int(parts[3] or 0), int(parts[4] or 0)
+        except ValueError:
+            raise SlurmParseError(f"unexpected sacct line: {line!r}") from None
+        jobs.append({"job_id": parts[0], "name": parts[1], "state": base_state(parts[2]), "elapsed_s": elapsed,
+                     "nodes": nodes})
+    return jobs
 
 
 def parse_exit_marker(text: str) -> int | None:

@@ -75,6 +75,31 @@ def sacct_job(job_id: str | int, job_name: str | None = None) -> RemoteCommand:
     return from_argv(*argv, "--format", "JobID,JobName,State,ExitCode,NodeList")
 
 
+# sacct's --starttime: a day in the cluster's own time (no zone needed with a day of margin).
+_SACCT_DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+SACCT_USAGE_FORMAT = "JobID,JobName,State,ElapsedRaw,NNodes"
+
+
+def sacct_usage(job_names: Sequence[str], since_day: str) -> RemoteCommand:
+    """Every allocation of jobs of these names started since that day (``YYYY-MM-DD``): id|name|
+    state|elapsed seconds|nodes. Fails with "accounting storage is disabled" without slurmdbd.
+    sacct lists only today's jobs unless told a start."""
+    names = [check_job_name(name) for name in job_names]
+    if not names:
+        raise ValueError("sacct_usage needs at least one job name")
+    if not _SACCT_DAY.match(since_day):
+        raise ValueError(f"since_day must be YYYY-MM-DD, got {since_day!r}")
+    return from_argv(slurm_command("sacct"), "--noheader", "--parsable2", "--allocations", "--name", ",".join(names),
+                     "--starttime", since_day, "--format", SACCT_USAGE_FORMAT)
+
+
+def check_job_name(name: str) -> str:
+    """A job name as ``run.names.slurm_job_name`` makes them (no comma: sacct --name splits on it)."""
+    if not _NODE_NAME.match(str(name)):
+        raise ValueError(f"unexpected Slurm job name {name!r}")
+    return str(name)
+
+
 def scancel(job_id: str | int) -> RemoteCommand:
     return from_argv(slurm_command("scancel"), check_job_id(job_id))
 

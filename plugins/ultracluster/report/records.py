@@ -74,8 +74,11 @@ def run_record(index_entry: Mapping[str, Any], state: Any, xcoms: Mapping[str, A
         "fsx_storage_capacity_gib": plan.get("fsx_storage_capacity_gib"),
         "node_hours": metrics.get("node_hours"),
         "cost_usd": metrics.get("cost_usd"),
-        # delete_cluster's bill from EC2 instance lives (None: not deleted yet, or EC2 unreadable).
-        "usage": deleted.get("usage") or None,
+        # delete_cluster's bill from EC2 instance lives (None: not deleted yet, or EC2 unreadable); on an
+        # existing cluster, collect_results' from the run's own Slurm jobs.
+        "usage": deleted.get("usage") or metrics.get("usage") or None,
+        # The cluster the run used without having created it (None: the run's own cluster).
+        "existing_cluster": created.get("cluster_name") if created.get("existing") else None,
         # Training is over and its results are in S3: a running run is only tearing down.
         "results_collected": bool(metrics),
         "estimate": _dict(_first(preflight.get("estimate"), index_entry.get("estimate"))) or None,

@@ -26,6 +26,7 @@ def run_summary(state: Any, xcoms: Mapping[str, Any], prices: Mapping[str, Any])
         "instance_hours": usage.get("instance_hours"), "compute_node_hours": usage.get("compute_node_hours"),
         "head_node_hours": usage.get("head_node_hours"), "instances": usage.get("instances"),
         "estimate_usd": (record.get("estimate") or {}).get("usd"),
+        "existing_cluster": record.get("existing_cluster"),
     }
 
 
@@ -36,10 +37,13 @@ def _num(value: Any, fmt: str = ",.2f") -> str:
 def summary_lines(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(label, text)`` pairs, in reading order."""
     cost = summary.get("cost") or {}
-    basis = {"ec2_instances": "from EC2 instance lives", "wall_times": "estimated from wall times",
+    basis = {"ec2_instances": "from EC2 instance lives", "slurm_jobs": "from the run's Slurm jobs' node-hours",
+             "wall_times": "estimated from wall times",
              "node_hours": "from the run's node hours", "recorded": "as recorded"}.get(summary.get("cost_basis"), "")
     ttt = _num(summary.get("time_to_train_min")) + (" (extrapolated)" if summary.get("time_to_train_extrapolated") else "")
+    existing = summary.get("existing_cluster")
     return [
+        *([("cluster", f"existing {existing} (not created, changed or deleted by this run)")] if existing else []),
         ("nodes", f"{_num(summary.get('nodes'), 'd')} (world size {_num(summary.get('world_size'), 'd')}, "
                   f"global batch {_num(summary.get('global_batch'), ',d')})"),
         ("throughput", f"{_num(summary.get('average_throughput_seq_per_s'), ',.1f')} seq/s average, "

@@ -28,12 +28,13 @@ def _common(values: Iterable[Any]) -> tuple[Any, bool]:
 def _cost(run: Mapping[str, Any], nodes: int | None, wall_min: float | None,
           prices: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, float | None]:
     """Cost, its basis and the node hours it bills: what EC2 says the cluster's instances used
-    (``ec2_instances``), else the run's node hours, else nodes x (fleet ready -> train end) from its
-    timestamps (``wall_times``, an estimate), else the cost the run recorded itself."""
+    (``ec2_instances``) or, on an existing cluster, what the run's Slurm jobs used (``slurm_jobs``),
+    else the run's node hours, else nodes x (fleet ready -> train end) from its timestamps
+    (``wall_times``, an estimate), else the cost the run recorded itself."""
     usage = run.get("usage") or {}
     if usage.get("usd") is not None:
         return ({"usd": usage["usd"], "node_usd": usage.get("compute_usd"), "head_node_usd": usage.get("head_node_usd"),
-                 "fsx_usd": usage.get("fsx_usd")}, "ec2_instances", usage.get("compute_node_hours"))
+                 "fsx_usd": usage.get("fsx_usd")}, usage.get("basis") or "ec2_instances", usage.get("compute_node_hours"))
     node_hours, basis = run.get("node_hours"), "node_hours"
     if node_hours is None:
         busy = minutes_between(run.get("fleet_ready_at"), run.get("train_ended_at"))

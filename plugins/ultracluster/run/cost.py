@@ -5,7 +5,8 @@ Prices come from ``include/cluster/prices.json`` (on-demand, us-east-1, USD) or 
 ["reference_seq_per_s_per_node"]}}, "fsx_lustre_scratch2_usd_per_gb_month", "hours_per_month",
 "references": [...], "source", "as_of"}``.
 
-preflight, the budget guard, delete_cluster and the scaling report all price with this module.
+preflight, the budget guard, delete_cluster, collect_results (a run on an existing cluster) and the
+scaling report all price with this module.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ultracluster.run.clock import minutes_between
 from ultracluster.run.profiles import include_dir
 
 PRICES_ENV_VAR = "ULTRACLUSTER_PRICES_FILE"
@@ -125,6 +127,42 @@ def instance_usage(lives: list[dict[str, Any]], prices: dict[str, Any],
         "ended_at": None if not lives or any(life.get("ended") != "yes" for life in lives)
         else max(life["ended_at"] for life in lives),
     }
+
+
+def job_usage(jobs: list[dict[str, Any]], instance_type: str | None, prices: dict[str, Any],
+              source: str) -> dict[str, Any]:
+    """What a run on an existing cluster used and cost: its own Slurm jobs' node-hours (each job's
+    elapsed time x its nodes) at ``instance_type``'s price. The cluster's head node and shared
+    storage outlive the run, and are not its bill.
+
+    :param jobs: ``[{"job_id", "name", "state", "elapsed_s", "nodes"}]`` (``parsers.slurm.parse_sacct_usage``,
+        or ``task_span_jobs``).
+    :param source: where the jobs' times come from: ``sacct``, or ``task_spans`` without accounting.
+    :return: ``instance_usage``'s keys (``basis`` ``slurm_jobs``; the head node's and FSx's None) plus
+        ``source`` and ``jobs``.
+    """
+    hours = sum(max(0, int(j.get("elapsed_s") or 0)) * max(0, int(j.get("nodes") or 0)) for j in jobs) / 3600
+    rate = _hourly(prices, instance_type)
+    usd = None if rate is None else _money(hours * rate)
+    return {
+        "basis": "slurm_jobs", "source": source, "jobs": [dict(j) for j in jobs], "instances": None,
+        "instance_hours": round(hours, 4), "compute_node_hours": round(hours, 4), "head_node_hours": None,
+        "compute_usd": usd, "head_node_usd": None, "fsx_usd": None, "usd": usd,
+        "unpriced_types": [] if rate is not None else [str(instance_type)], "unended": 0, "ended_at": None,
+    }
+
+
+def task_span_jobs(results: list[Any], nodes: int) -> list[dict[str, Any]]:
+    """Jobs as their tasks saw them (SlurmJobOperator's XComs: submission to the end seen), each on
+    ``nodes`` nodes: the bill of a cluster without Slurm accounting."""
+    jobs = []
+    for result in results:
+        if not isinstance(result, dict) or not result.get("job_id"):
+            continue
+        minutes = minutes_between(result.get("started_at"), result.get("ended_at"))
+        jobs.append({"job_id": str(result["job_id"]), "name": result.get("job_name"), "state": result.get("state"),
+                     "elapsed_s": round((minutes or 0) * 60), "nodes": int(nodes)})
+    return jobs
 
 
 def global_batch(plan: dict[str, Any], world_size: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from ultracluster.run import existing_cluster as byo
 from ultracluster.run.capacity import plan_capacity_problems
 from ultracluster.run.errors import ConfigValidationError, problem_list
 from ultracluster.run.form import MAX_QUEUES, TRAINING_QUEUE
@@ -46,19 +47,35 @@ def _ints(params: dict[str, Any], *keys: str) -> list[int | None]:
 def plan_problems(params: dict[str, Any]) -> list[str]:
     """Every cross-field rule the plan breaks, one line each naming the params."""
     problems: list[str] = []
-    num_nodes, max_nodes, max_steps, steps, accumulation = _ints(
-        params, "num_nodes", "max_nodes", "max_steps", "steps_this_run", "grad_accum_usteps")
-    min_nodes = params.get("min_nodes", 0) if isinstance(params.get("min_nodes", 0), int) else None
-    if None not in (num_nodes, max_nodes) and num_nodes > max_nodes:
-        problems.append(f"num_nodes ({num_nodes}) exceeds max_nodes ({max_nodes}), the queue's MaxCount")
-    if None not in (min_nodes, max_nodes) and min_nodes > max_nodes:
-        problems.append(f"min_nodes ({min_nodes}) exceeds max_nodes ({max_nodes})")
+    num_nodes, max_steps, steps, accumulation = _ints(params, "num_nodes", "max_steps", "steps_this_run",
+                                                      "grad_accum_usteps")
     if None not in (max_steps, steps) and steps > max_steps:
         problems.append(f"steps_this_run ({steps}) exceeds max_steps ({max_steps})")
     # The run script divides accumulation by the node count (integer division): keep it exact.
     if params.get("scaling_mode") == "strong" and accumulation is not None and num_nodes and accumulation % num_nodes:
         problems.append(f"strong scaling divides grad_accum_usteps ({accumulation}) by num_nodes ({num_nodes}); "
                         "it must divide evenly or the global batch silently changes")
+    for key in ("dataset_s3_uri", "artifacts_s3_uri", "compile_cache_s3_uri"):
+        if params.get(key):
+            try:
+                split_s3_uri(params[key])
+            except ValueError as err:
+                problems.append(f"{key}: {err}")
+    problems += byo.conflicts(params)
+    if not byo.existing_cluster(params):  # an existing cluster's own shape is preflight's to check
+        problems += _creation_problems(params)
+    return problems
+
+
+def _creation_problems(params: dict[str, Any]) -> list[str]:
+    """The rules of the cluster a run creates."""
+    problems: list[str] = []
+    num_nodes, max_nodes = _ints(params, "num_nodes", "max_nodes")
+    min_nodes = params.get("min_nodes", 0) if isinstance(params.get("min_nodes", 0), int) else None
+    if None not in (num_nodes, max_nodes) and num_nodes > max_nodes:
+        problems.append(f"num_nodes ({num_nodes}) exceeds max_nodes ({max_nodes}), the queue's MaxCount")
+    if None not in (min_nodes, max_nodes) and min_nodes > max_nodes:
+        problems.append(f"min_nodes ({min_nodes}) exceeds max_nodes ({max_nodes})")
     public, private = params.get("existing_public_subnet_id"), params.get("existing_private_subnet_id")
     if bool(public) != bool(private):
         problems.append("existing_public_subnet_id and existing_private_subnet_id go together")
@@ -77,14 +94,7 @@ def plan_problems(params: dict[str, Any]) -> list[str]:
     for queue in extra_queues:
         if isinstance(queue, dict) and queue.get("min_nodes", 0) > queue.get("max_nodes", 0):
             problems.append(f"queue {queue.get('name')}: min_nodes exceeds max_nodes")
-    for key in ("dataset_s3_uri", "artifacts_s3_uri", "compile_cache_s3_uri"):
-        if params.get(key):
-            try:
-                split_s3_uri(params[key])
-            except ValueError as err:
-                problems.append(f"{key}: {err}")
-    problems += plan_capacity_problems(params)
-    return problems
+    return problems + plan_capacity_problems(params)
 
 
 def validate_plan(params: dict[str, Any]) -> None:
@@ -108,6 +118,9 @@ def run_plan(params: dict[str, Any], logical_date: datetime | None, period: time
         if point["scaling_mode"]:
             plan["scaling_mode"] = point["scaling_mode"]
     plan["sweep_point"] = point
+    # The partition every Slurm step uses: an existing cluster's queue, else the run's own.
+    plan[byo.PARAM] = byo.existing_cluster(plan)
+    plan["training_queue"] = byo.training_queue(plan)
     return plan
 
 
@@ -117,3 +130,9 @@ def plan_of(ti: Any) -> dict[str, Any]:
     if not result:
         raise RuntimeError("no plan: the preflight task has not run in this DAG run")
     return result["plan"]
+
+
+def cluster_of(ti: Any) -> str:
+    """The cluster the run trains on (the DAG's ``run_cluster(ti)`` macro): the existing cluster it
+    was given, else the one render_config named for it."""
+    return byo.existing_cluster(plan_of(ti)) or ti.xcom_pull(task_ids="render_config")["cluster_name"]
