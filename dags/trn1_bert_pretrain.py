@@ -132,6 +132,10 @@ with DAG(
         reservation_lead_s=PROFILE["fleet_timeout_s"],
         # Where this deployment's workers reach head nodes from: a run's ssh_allowed_cidr, if empty.
         default_ssh_allowed_cidr=PROFILE.get("head_node_ssh_cidr") or None,
+        # The compute nodes' image: the run's custom_ami, else what trn1_build_image recorded here; none
+        # only where the deployment installs Neuron at boot.
+        node_image_parameter=PROFILE.get("node_image_parameter") or None,
+        install_neuron_at_boot=PROFILE.get("install_neuron_at_boot") is True,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -158,7 +162,8 @@ with DAG(
         region_name="{{ params.region }}",
         key_name="{{ params.key_name }}",
         image_os="{{ params.image_os }}",
-        custom_ami="{{ params.custom_ami }}",
+        custom_ami="{{ plan(ti).custom_ami }}",  # the node image preflight checked
+        install_neuron_at_boot="{{ plan(ti).install_neuron_at_boot }}",
         log_retention_days="{{ params.log_retention_days }}",
         head_node_instance_type="{{ params.head_node_instance_type }}",
         instance_type="{{ params.instance_type }}",
