@@ -95,6 +95,8 @@ def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tupl
             return [(f"cloudformation:{operation}", f"arn:aws:cloudformation:{region}:{account}:stack/*")]
         arn = name if name.startswith("arn:") else f"arn:aws:cloudformation:{region}:{account}:stack/{name}/id"
         return [(f"cloudformation:{operation}", arn)]
+    if service == "ssm" and params.get("Name"):
+        return [(f"ssm:{operation}", f"arn:aws:ssm:{region}:{account}:parameter/{params['Name'].lstrip('/')}")]
     if service == "service-quotas" and params.get("ServiceCode"):
         return [(f"{prefix}:{operation}",
                  f"arn:aws:servicequotas:{region}:{account}:{params['ServiceCode']}/{params.get('QuotaCode', '')}")]

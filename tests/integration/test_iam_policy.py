@@ -203,6 +203,11 @@ def test_the_pipelines_calls_are_allowed(policy):
         call("cloudformation", "DescribeStacks", StackName="uc-net-s1-manual-2026"),
         call("ec2", "DescribeInstances"),
         call("service-quotas", "GetServiceQuota", ServiceCode="ec2", QuotaCode="L-2C3B7624"),
+        # The node image: preflight reads the parameter and the AMI's tags, trn1_build_image writes it.
+        call("ssm", "GetParameter", Name="/ultracluster/node-image/trn1"),
+        call("ssm", "PutParameter", Name="/ultracluster/node-image/trn1"),
+        call("ec2", "DescribeImages"),
+        call("s3", "PutObject", Bucket="uc-artifacts", Key="runs/images/uc-neuron-2-28-0-x/image-setup.sh"),
     ]
     assert denials(policy, calls, "us-east-1", "123456789012") == []
 
@@ -218,6 +223,8 @@ def test_the_pipelines_calls_are_allowed(policy):
     call("ec2", "CreateVpc"),                  # only through CloudFormation (a Condition): never directly
     call("iam", "PassRole"),
     call("service-quotas", "GetServiceQuota", ServiceCode="ec2", QuotaCode="L-OTHER"),
+    call("ssm", "PutParameter", Name="/aws/service/ami-amazon-linux-latest/x"),  # only /ultracluster/ parameters
+    call("ssm", "DeleteParameter", Name="/ultracluster/node-image/trn1"),
 ])
 def test_anything_else_is_denied(policy, denied):
     region, account = ("eu-west-1", "123456789012") if denied["operation"] == "CreateStack" else ("us-east-1",
