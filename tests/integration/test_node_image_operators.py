@@ -1,0 +1,156 @@
+"""trn1_build_image's operators against the local `pcluster` (its image verbs, a real moto server):
+build (deferred, the image trigger run to its event), record in SSM, delete what the new image
+supersedes; a retry finds the image it built; a refused configuration and an image still in use fail
+without retries, naming what to do."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import boto3
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
+
+from tests.fixtures_localcluster import PCLUSTER_BIN, REGION, cli_env
+from ultracluster.operators.node_image import BuildNodeImageOperator
+from ultracluster.operators.node_image_records import DeleteSupersededImagesOperator, RecordNodeImageOperator
+from ultracluster.run.neuron_versions import load_versions, pins_digest
+from ultracluster.run.node_image import image_id_for
+
+pytestmark = [pytest.mark.localcluster,
+              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                 reason="the local image build needs root and unshare (a mount namespace)")]
+
+PARAMETER = "/ultracluster/test/operators"
+BUCKET = "ultracluster-artifacts"
+COMMITS = ("a" * 40, "b" * 40, "c" * 40)
+
+
+@pytest.fixture(scope="module")
+def account(moto_server, tmp_path_factory):
+    """A local pcluster of its own home and the moto server, as Airflow connections."""
+    home = tmp_path_factory.mktemp("uc-image-ops")
+    env = cli_env(home, moto_server)
+    clients = {name: boto3.client(name, region_name=REGION, endpoint_url=moto_server, aws_access_key_id="testing",
+                                  aws_secret_access_key="testing") for name in ("s3", "ssm", "ec2")}
+    if BUCKET not in {b["Name"] for b in clients["s3"].list_buckets()["Buckets"]}:
+        clients["s3"].create_bucket(Bucket=BUCKET)
+    connections = {
+        "AIRFLOW_CONN_UC_IMAGE_PCLUSTER": {"conn_type": "pcluster", "extra": {
+            "binary": str(PCLUSTER_BIN), "region": REGION,
+            "env": {k: env[k] for k in env if k.startswith(("AWS_", "LOCAL_UC", "LOCAL_ULTRACLUSTER"))}}},
+        "AIRFLOW_CONN_UC_IMAGE_AWS": {"conn_type": "aws", "login": "testing", "password": "testing",
+                                      "extra": {"endpoint_url": moto_server, "region_name": REGION}},
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in connections.items():
+            patch.setenv(name, json.dumps(value))
+        yield SimpleNamespace(home=home, **clients)
+        for summary in _pcluster_images(env):
+            os.system(f"{PCLUSTER_BIN} delete-image -i {summary} --force true > /dev/null")
+        try:
+            clients["ssm"].delete_parameter(Name=PARAMETER)
+        except clients["ssm"].exceptions.ParameterNotFound:
+            pass
+
+
+def _pcluster_images(env) -> list[str]:
+    from tests.fixtures_localcluster import run_pcluster
+
+    return [i["imageId"] for status in ("AVAILABLE", "FAILED")
+            for i in run_pcluster(env, "list-images", "--image-status", status)[1]["images"]]
+
+
+def context() -> dict:
+    return {"run_id": "manual__image", "params": {}, "ti": SimpleNamespace(xcom_push=lambda **_: None)}
+
+
+def finish(op, deferred: TaskDeferred, **kwargs):
+    """What the triggerer and the resumed task do: run the trigger to its event, then the method."""
+    async def first_event():
+        async for event in deferred.trigger.run():
+            return event.payload
+    payload = asyncio.run(first_event())
+    return getattr(op, deferred.method_name)(context(), payload, **(deferred.kwargs or {}), **kwargs)
+
+
+def build(monkeypatch, commit: str, **overrides):
+    monkeypatch.setenv("ULTRACLUSTER_COMMIT", commit)
+    op = BuildNodeImageOperator(task_id="build_image", parameter=PARAMETER, region_name=REGION, image_os="ubuntu2204",
+                                artifacts_s3_uri=f"s3://{BUCKET}/runs", aws_conn_id="uc_image_aws",
+                                pcluster_conn_id="uc_image_pcluster", poll_interval=0.5, **overrides)
+    try:
+        return op.execute(context())
+    except TaskDeferred as deferred:
+        assert deferred.trigger.serialize()[1]["image_ids"] == [image_id_for(load_versions(), commit)]
+        return finish(op, deferred)
+
+
+def record(image: dict) -> dict:
+    return RecordNodeImageOperator(task_id="record_image", image=image, region_name=REGION,
+                                   aws_conn_id="uc_image_aws").execute(context())
+
+
+def delete_superseded(image: dict, delete=True) -> dict:
+    op = DeleteSupersededImagesOperator(task_id="delete_superseded", image=image, delete=delete, region_name=REGION,
+                                        aws_conn_id="uc_image_aws", pcluster_conn_id="uc_image_pcluster",
+                                        poll_interval=0.5)
+    try:
+        return op.execute(context())
+    except TaskDeferred as deferred:
+        return finish(op, deferred)
+
+
+def test_build_record_and_delete_the_superseded_image(account, monkeypatch):
+    versions = load_versions()
+    first = build(monkeypatch, COMMITS[0])
+    assert first["built"] is True and first["image_id"] == f"uc-neuron-2-28-0-{pins_digest(versions)[:8]}-aaaaaaaaaaaa"
+    assert first["tags"]["ultracluster:neuron-release"] == "2.28.0"
+    assert first["tags"]["ultracluster:neuron-pins"] == pins_digest(versions)
+    assert first["tags"]["ultracluster:commit"] == COMMITS[0]
+    assert first["tags"]["ultracluster:node-image"] == PARAMETER
+    # The component is the rendered node script, kept beside the run's artifacts.
+    script = account.s3.get_object(Bucket=BUCKET, Key=f"runs/images/{first['image_id']}/image-setup.sh")
+    assert "NEURON_RELEASE=2.28.0" in script["Body"].read().decode()
+    assert record(first) == {"parameter": PARAMETER, "ami_id": first["ami_id"], "image_id": first["image_id"],
+                             "previous_ami_id": None, "version": 1}
+
+    # The same commit again (a retry, a second trigger): the image it built, not another.
+    assert build(monkeypatch, COMMITS[0])["built"] is False
+
+    second = build(monkeypatch, COMMITS[1])
+    assert second["image_id"] != first["image_id"]
+    assert record(second)["previous_ami_id"] == first["ami_id"]
+    assert account.ssm.get_parameter(Name=PARAMETER)["Parameter"]["Value"] == second["ami_id"]
+    with pytest.raises(AirflowSkipException, match="delete_superseded is off"):
+        delete_superseded(second, delete=False)
+    assert delete_superseded(second) == {"deleted": [first["image_id"]]}
+    assert account.ec2.describe_images(ImageIds=[first["ami_id"]])["Images"] == []
+    assert account.ec2.describe_images(ImageIds=[second["ami_id"]])["Images"]
+
+    # An image nodes still run on is kept, and the task fails naming it (after deleting the rest).
+    third = build(monkeypatch, COMMITS[2])
+    record(third)
+    instance = account.ec2.run_instances(ImageId=second["ami_id"], MinCount=1, MaxCount=1,
+                                         InstanceType="trn1.32xlarge")["Instances"][0]["InstanceId"]
+    try:
+        with pytest.raises(AirflowFailException) as refused:
+            delete_superseded(third)
+        assert f"{second['image_id']}: Bad Request: Unable to delete image and stack: Image {second['image_id']} " \
+               f"is used by instances ['{instance}']" in str(refused.value)
+    finally:
+        account.ec2.terminate_instances(InstanceIds=[instance])
+    assert delete_superseded(third) == {"deleted": [second["image_id"]]}
+
+
+def test_a_configuration_pcluster_refuses_fails_without_retries(account, monkeypatch):
+    with pytest.raises(AirflowFailException, match="refused the image configuration.*Invalid image 'ami-0000000000000000f'"):
+        build(monkeypatch, "d" * 40, parent_image="ami-0000000000000000f")
+    with pytest.raises(AirflowFailException, match="node_image_parameter '/elsewhere' must be an SSM parameter name"):
+        BuildNodeImageOperator(task_id="b", parameter="/elsewhere", region_name=REGION, image_os="ubuntu2204",
+                               artifacts_s3_uri=f"s3://{BUCKET}/runs").execute(context())
+    with pytest.raises(AirflowFailException, match="cannot create its build-image cleanup role"):
+        build(monkeypatch, "e" * 40, permissions_boundary_arn="arn:aws:iam::123456789012:policy/b")
