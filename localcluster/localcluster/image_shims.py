@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if tool in ("pip", "pip3"):
         return venv_pip(Path(os.environ.get("VIRTUAL_ENV") or "/usr/local"), rest)
     if tool == "wget":
-        print("-----BEGIN PGP PUBLIC KEY BLOCK-----\nlocal image build: placeholder\n-----END PGP PUBLIC KEY BLOCK-----")
+        print("-----BEGIN PGP PUBLIC KEY BLOCK-----\nlocal image build: placeholder\n"
+              "-----END PGP PUBLIC KEY BLOCK-----")
         return 0
     if tool == "gpg":
         return gpg(rest)

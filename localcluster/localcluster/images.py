@@ -279,7 +279,7 @@ def official_ami(aws: Aws, os_name: str, architecture: str) -> dict[str, Any]:
         return found[0]
     ami_id = ec2.register_image(
         Name=name, Architecture=architecture, VirtualizationType="hvm", RootDeviceName="/dev/sda1",
-        Description=f"AWS ParallelCluster AMI for {os_name}, kernel-6.8, lustre-2.15, efa-1.47.0, dcv-2025.0, slurm-24-11",
+        Description=f"AWS ParallelCluster AMI for {os_name} (the local UltraCluster's stand-in)",
         BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 40}}])["ImageId"]
     ec2.create_tags(Resources=[ami_id], Tags=[{"Key": "parallelcluster:version", "Value": PCLUSTER_VERSION},
                                               {"Key": "parallelcluster:os", "Value": os_name}])

@@ -147,7 +147,8 @@ def test_build_record_and_delete_the_superseded_image(account, monkeypatch):
 
 
 def test_a_configuration_pcluster_refuses_fails_without_retries(account, monkeypatch):
-    with pytest.raises(AirflowFailException, match="refused the image configuration.*Invalid image 'ami-0000000000000000f'"):
+    with pytest.raises(AirflowFailException,
+                       match="refused the image configuration.*Invalid image 'ami-0000000000000000f'"):
         build(monkeypatch, "d" * 40, parent_image="ami-0000000000000000f")
     with pytest.raises(AirflowFailException, match="node_image_parameter '/elsewhere' must be an SSM parameter name"):
         BuildNodeImageOperator(task_id="b", parameter="/elsewhere", region_name=REGION, image_os="ubuntu2204",

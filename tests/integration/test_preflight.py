@@ -152,7 +152,8 @@ def test_a_boot_near_the_timeout_is_a_warning_not_a_failure(s3, capsys):
 
 
 def test_a_prebuilt_image_boots_in_parallelclusters_own_time(s3, node_image):
-    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak", custom_ami=node_image()), estimate_boot_time=True)
+    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak", custom_ami=node_image()),
+                 estimate_boot_time=True)
     assert result["boot"]["row_set"] == "prebuilt_image" and result["boot"]["seconds"] == 288
     assert not any("boot estimate" in w for w in result["warnings"])
 

@@ -5,8 +5,8 @@ checks the cross-field rules once, the tags, and what AWS can tell (``account_ch
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
 id, the Trn vCPU quota, the capacity reservation (``capacity_checks``); a bucket without a public
 access block is a warning), the node image the compute nodes boot (``image_checks``: its Neuron tags
-against include/neuron-versions.env; none only where the profile installs at boot), estimates the cost (at the reservation's price where it is known) and
-enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
+against include/neuron-versions.env; none only where the profile installs at boot), estimates the
+cost (at the reservation's price where it is known) and enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
 node's boot against ParallelCluster's bootstrap timeout, a warning at 70 % of it (``run.boot_time``). Every problem found goes into one error naming each param; such
 failures are the conf's own and fail the task at once, without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
