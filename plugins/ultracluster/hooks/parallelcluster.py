@@ -194,12 +194,21 @@ class ParallelClusterHook(BaseHook):
     def update_compute_fleet(self, cluster_name: str, status: str) -> dict:
         return self._run("update-compute-fleet", "--cluster-name", cluster_name, "--status", status)
 
-    def build_image(self, image_id: str, config_path: str, *, suppress_validators: list[str] | None = None) -> dict:
-        """``pcluster build-image`` (returns once the build stack is accepted; callers wait with a trigger)."""
+    def build_image(self, image_id: str, config_path: str, *, suppress_validators: list[str] | None = None,
+                    dryrun: bool = False) -> dict:
+        """``pcluster build-image`` (returns once the build stack is accepted; callers wait with a trigger).
+        With ``dryrun``, the validators only, answered as ``create_cluster``'s dry run is."""
         args = ["--image-id", image_id, "--image-configuration", config_path]
         if suppress_validators:
             args += ["--suppress-validators", *suppress_validators]
-        return self._run("build-image", *args)
+        if not dryrun:
+            return self._run("build-image", *args)
+        try:
+            return self._run("build-image", *args, "--dryrun", "true")
+        except PclusterError as err:
+            if dryrun_succeeded(err):
+                return {"message": err.message, "validationMessages": list(err.payload.get("validationMessages") or [])}
+            raise
 
     def describe_image(self, image_id: str) -> dict:
         return self._run("describe-image", "--image-id", image_id)
