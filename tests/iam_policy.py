@@ -22,6 +22,10 @@ POLICY_DIR = Path(__file__).resolve().parents[1] / "include" / "cluster" / "iam"
 AIRFLOW_POLICY = POLICY_DIR / "airflow-policy.json"
 PCLUSTER_POLICY = POLICY_DIR / "pcluster-role-policy.json"
 BOUNDARY_POLICY = POLICY_DIR / "pcluster-permissions-boundary.json"
+# The pcluster role's second policy (a managed one): what image builds need.
+IMAGE_BUILD_POLICY = POLICY_DIR / "pcluster-image-build-policy.json"
+# The image builds' cleanup role (Build.Iam.CleanupLambdaRole): ParallelCluster's own inline policy.
+IMAGE_CLEANUP_POLICY = POLICY_DIR / "image-cleanup-role-policy.json"
 PLACEHOLDER = re.compile(r"<[a-z0-9-]+>")
 
 # IAM prefix of a botocore service name, where they differ.
@@ -180,3 +184,9 @@ def reference_problems(policy: Mapping[str, Any]) -> list[str]:
                     if not any(_matches(re.sub(r"\$\{[A-Za-z]+\}", "*", t), key, case_sensitive=False) for t in taken):
                         problems.append(f"{sid}: {service}:{each} takes no condition key {key}")
     return problems
+
+
+def pcluster_role(values: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the pcluster role may do: its inline policy and its image-build managed policy, rendered."""
+    inline, builds = (render_policy(path.read_text(), values) for path in (PCLUSTER_POLICY, IMAGE_BUILD_POLICY))
+    return {"Version": inline["Version"], "Statement": inline["Statement"] + builds["Statement"]}

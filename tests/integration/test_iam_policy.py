@@ -16,6 +16,8 @@ import pytest
 from tests.iam_policy import (
     AIRFLOW_POLICY,
     BOUNDARY_POLICY,
+    IMAGE_BUILD_POLICY,
+    IMAGE_CLEANUP_POLICY,
     PCLUSTER_POLICY,
     PLACEHOLDER,
     POLICY_DIR,
@@ -29,6 +31,7 @@ from tests.iam_policy import (
     uncovered_actions,
 )
 from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from tests.integration.test_pcluster_real_schema import pcluster_python  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[2]
 BOUNDARY_ARN = "arn:aws:iam::<account-id>:policy/ultracluster-pcluster-boundary"
@@ -103,9 +106,17 @@ def test_the_pcluster_role_policy_has_iams_shape_and_no_service_wide_grants():
     assert len(json.dumps(render_policy(PCLUSTER_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 10240
     _shape(json.loads(BOUNDARY_POLICY.read_text()))
     assert len(json.dumps(render_policy(BOUNDARY_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
+    # The image-build statements: the same rules, a managed policy's limit; no IAM but the service-linked role.
+    builds = json.loads(IMAGE_BUILD_POLICY.read_text())
+    _shape(builds)
+    for statement in builds["Statement"]:
+        assert all("*" not in a for a in statement["Action"]) and "*" not in statement["Resource"], statement["Sid"]
+        assert all(a == "iam:CreateServiceLinkedRole" for a in statement["Action"] if a.startswith("iam:"))
+    assert len(json.dumps(render_policy(IMAGE_BUILD_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
 
 
-@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY, IMAGE_BUILD_POLICY,
+                                  IMAGE_CLEANUP_POLICY], ids=lambda p: p.stem)
 def test_every_action_exists_takes_its_resources_and_its_condition_keys(path):
     """Against IAM's Service Authorization Reference: no unknown action, no action that has no
     resource-level permissions under named resources (never matched: denied in production), no
@@ -178,7 +189,10 @@ def test_the_cloudformation_template_creates_both_roles_from_the_policy_files():
     template = json.loads(text)
     roles = {r["Properties"]["RoleName"]: r["Properties"] for r in template["Resources"].values()
              if r["Type"] == "AWS::IAM::Role"}
-    assert set(roles) == {"ultracluster-airflow", "ultracluster-pcluster"}
+    assert set(roles) == {"ultracluster-airflow", "ultracluster-pcluster", "ultracluster-image-cleanup"}
+    # The image-build statements: a managed policy of the pcluster role (its inline policy is near IAM's limit).
+    assert roles["ultracluster-pcluster"]["ManagedPolicyArns"] == [{"Ref": "PclusterImageBuilds"}]
+    assert roles["ultracluster-image-cleanup"]["Path"] == "/parallelcluster/"  # the pcluster role may pass it
     trust = roles["ultracluster-pcluster"]["AssumeRolePolicyDocument"]["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"AWS": {"Fn::GetAtt": ["AirflowRole", "Arn"]}},
                       "Action": "sts:AssumeRole"}]
@@ -278,3 +292,25 @@ def test_the_recorder_logs_calls_and_presigned_urls_of_a_process(aws_conn, moto_
     log.unlink()
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     assert not log.exists()
+
+
+def test_the_image_cleanup_role_is_parallelclusters_own_but_for_its_condition_key(pcluster_python):
+    """include/cluster/iam/image-cleanup-role-policy.json is what the pinned aws-parallelcluster gives the
+    cleanup role it makes (imagebuilder_utils._expected_inline_policy), with one change: its DeleteStack
+    condition names cloudformation:ResourceTag/..., a key CloudFormation does not have (IAM's Service
+    Authorization Reference: DeleteStack takes aws:ResourceTag/${TagKey}), so it never matches and the
+    build stack would never be deleted; here it is aws:ResourceTag/parallelcluster:image_id."""
+    code = ("import json\nfrom pcluster.imagebuilder_utils import _expected_inline_policy\n"
+            "print(_expected_inline_policy('<account-id>', 'aws'))\n")
+    done = subprocess.run([str(pcluster_python), "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True)
+    theirs = json.loads(done.stdout)
+    ours = json.loads(IMAGE_CLEANUP_POLICY.read_text())
+    [delete_stack] = [s for s in theirs["Statement"] if s["Action"] == "cloudformation:DeleteStack"]
+    condition = delete_stack["Condition"]["ForAnyValue:StringLike"]
+    key = "parallelcluster:image_id"
+    condition[f"aws:ResourceTag/{key}"] = condition.pop(f"cloudformation:ResourceTag/{key}")
+    assert ours == theirs
+    assert reference_problems({"Statement": [dict(delete_stack, Sid="theirs", Condition={"ForAnyValue:StringLike": {
+        "cloudformation:ResourceTag/parallelcluster:image_id": "*"}})]}) == [
+        "theirs: cloudformation:DeleteStack takes no condition key cloudformation:ResourceTag/parallelcluster:image_id"]
