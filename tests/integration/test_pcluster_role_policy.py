@@ -73,6 +73,20 @@ MANAGED_POLICY_ACTIONS = {
         "logs:PutRetentionPolicy", "logs:DescribeLogStreams", "logs:DescribeLogGroups", "logs:CreateLogStream",
         "logs:CreateLogGroup", "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
         "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries", "ssm:GetParameter"),
+    # The node image's build instance (test_pcluster_image_policy.py). EC2 Image Builder User Guide, "Using
+    # managed policies for EC2 Image Builder", EC2InstanceProfileForImageBuilder (its kms:Decrypt only for
+    # components Image Builder encrypted); AWS Managed Policy Reference Guide, AmazonSSMManagedInstanceCore.
+    "arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder": (
+        "imagebuilder:GetComponent", "kms:Decrypt", "s3:GetObject", "logs:CreateLogStream", "logs:CreateLogGroup",
+        "logs:PutLogEvents"),
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore": (
+        "ssm:DescribeAssociation", "ssm:GetDeployablePatchSnapshotForInstance", "ssm:GetDocument",
+        "ssm:DescribeDocument", "ssm:GetManifest", "ssm:GetParameter", "ssm:GetParameters", "ssm:ListAssociations",
+        "ssm:ListInstanceAssociations", "ssm:PutInventory", "ssm:PutComplianceItems", "ssm:PutConfigurePackageResult",
+        "ssm:UpdateAssociationStatus", "ssm:UpdateInstanceAssociationStatus", "ssm:UpdateInstanceInformation",
+        "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel",
+        "ssmmessages:OpenDataChannel", "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage",
+        "ec2messages:FailMessage", "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply"),
 }
 # botocore service names whose IAM prefix differs.
 IAM_PREFIX = {"efs": "elasticfilesystem", "resourcegroupstaggingapi": "tag", "service-quotas": "servicequotas"}
