@@ -23,6 +23,13 @@ import yaml
 
 from tests.iam_policy import BOUNDARY_POLICY, allowing, denials, pcluster_role, render_policy, uncovered_actions
 from tests.integration.test_pcluster_real_schema import moto_account, pcluster_python  # noqa: F401 - fixtures
+# The cluster stack's checks, run here on this module's stack and role (pytest collects them with this
+# module's `templates` and `policy` fixtures): every type has handler permissions or a reviewed row, and
+# the role grants every create and delete action of the stack.
+from tests.integration.test_pcluster_role_policy import (  # noqa: F401 - collected as this module's tests
+    test_every_type_has_handler_permissions_or_a_reviewed_row,
+    test_the_policy_grants_every_create_and_delete_action_of_the_stack,
+)
 from tests.integration.test_pcluster_role_policy import (
     ACCOUNT,
     BOUNDARY_ARN,
@@ -34,8 +41,7 @@ from tests.integration.test_pcluster_role_policy import (
     SYNTH,
     VALUES,
 )
-from tests.pcluster_actions import LEGACY, handler_actions, required_actions, resolve, resource_types, resources_of
-from tests.pcluster_actions import unused_problems
+from tests.pcluster_actions import resolve, resource_types, resources_of
 from ultracluster.run.neuron_versions import load_versions, render_on_node_configured
 from ultracluster.run.node_image import ami_tags, image_config, image_id_for
 from ultracluster.run.profiles import include_dir
@@ -54,12 +60,14 @@ DELETE_IMAGE = [
     ("ec2:DescribeImages", "*"), ("ec2:DescribeInstances", "*"), ("ec2:DescribeImageAttribute", "*"),
     ("cloudformation:DescribeStacks", f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{IMAGE_ID}/id"),
     ("cloudformation:DeleteStack", f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{IMAGE_ID}/id"),
-    ("imagebuilder:GetImage", f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:image/parallelclusterimage-{IMAGE_ID}/3.16.1/1"),
+    ("imagebuilder:GetImage",  # the image the build stack made: named after the stack's id, in lower case
+     f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:image/parallelclusterimage-5b2c6a10-2f0e-11f1-9c1e-0a1b/3.16.1/1"),
     ("ec2:DeleteSnapshot", f"arn:aws:ec2:{REGION}::snapshot/snap-0123456789abcdef0"),
     ("s3:ListBucketVersions", "arn:aws:s3:::parallelcluster-0123456789abcdef-v1-do-not-delete"),
     ("s3:DeleteObjectVersion", "arn:aws:s3:::parallelcluster-0123456789abcdef-v1-do-not-delete/parallelcluster/3.16.1/"
                                f"images/{IMAGE_ID}-x/configs/image-config.yaml"),
-    ("logs:DeleteLogGroup", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/imagebuilder/ParallelClusterImage-{IMAGE_ID}"),
+    ("logs:DeleteLogGroup",
+     f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/imagebuilder/ParallelClusterImage-{IMAGE_ID}"),
 ]
 
 
@@ -119,20 +127,6 @@ def test_the_stack_builds_the_node_image(templates):
     [(_, distribution)] = resources_of(templates, "AWS::ImageBuilder::DistributionConfiguration")
     for item in distribution["Distributions"]:
         assert not {"LaunchTemplateConfigurations", "SsmParameterConfigurations"} & set(item)
-
-
-def test_every_type_has_handler_permissions_or_a_reviewed_row(templates):
-    for type_name in resource_types(templates):
-        handlers = handler_actions(type_name)
-        key = "AWS::CloudFormation::CustomResource" if type_name.startswith("Custom::") else type_name
-        assert (handlers is not None and handlers["create"] and handlers["delete"]) or key in LEGACY, type_name
-
-
-def test_the_role_grants_every_create_and_delete_action_of_the_stack(templates, policy):
-    assert unused_problems(templates) == []
-    needed = required_actions(templates)
-    missing = uncovered_actions(policy, needed)
-    assert missing == [], "\n".join(f"{a}: {', '.join(f'{t} ({o})' for t, o in needed[a].items())}" for a in missing)
 
 
 def test_the_role_grants_every_call_the_cli_made_and_what_delete_image_does(synthesized, policy):

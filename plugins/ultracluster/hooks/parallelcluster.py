@@ -149,10 +149,15 @@ class ParallelClusterHook(BaseHook):
         ]
         if suppress_validators:
             args += ["--suppress-validators", *suppress_validators]
+        return self._create("create-cluster", args, dryrun)
+
+    def _create(self, verb: str, args: list[str], dryrun: bool) -> dict:
+        """A create verb; a dry run's "would have succeeded" answer (exit 1) as ``{"message",
+        "validationMessages"}``."""
         if not dryrun:
-            return self._run("create-cluster", *args)
+            return self._run(verb, *args)
         try:
-            return self._run("create-cluster", *args, "--dryrun", "true")
+            return self._run(verb, *args, "--dryrun", "true")
         except PclusterError as err:
             if dryrun_succeeded(err):
                 return {"message": err.message, "validationMessages": list(err.payload.get("validationMessages") or [])}
@@ -201,14 +206,7 @@ class ParallelClusterHook(BaseHook):
         args = ["--image-id", image_id, "--image-configuration", config_path]
         if suppress_validators:
             args += ["--suppress-validators", *suppress_validators]
-        if not dryrun:
-            return self._run("build-image", *args)
-        try:
-            return self._run("build-image", *args, "--dryrun", "true")
-        except PclusterError as err:
-            if dryrun_succeeded(err):
-                return {"message": err.message, "validationMessages": list(err.payload.get("validationMessages") or [])}
-            raise
+        return self._create("build-image", args, dryrun)
 
     def describe_image(self, image_id: str) -> dict:
         return self._run("describe-image", "--image-id", image_id)
