@@ -59,8 +59,8 @@ def test_the_image_config_gets_what_each_build_adds():
                       "Image": {"RootVolume": {"Size": 100}, "Name": IMAGE_ID, "Tags": [{"Key": "k", "Value": "v"}]},
                       "Region": "us-east-1"}
     assert base == {"Build": {"InstanceType": "trn1.2xlarge"}, "Image": {"RootVolume": {"Size": 100}}}  # untouched
-    roles = node_image.image_config(base, image_id=IMAGE_ID, region="us-east-1", parent_image="ami-1", script_uri="s3://b/k",
-                                    tags={}, permissions_boundary="arn:b", cleanup_role="arn:c")
+    roles = node_image.image_config(base, image_id=IMAGE_ID, region="us-east-1", parent_image="ami-1",
+                                    script_uri="s3://b/k", tags={}, permissions_boundary="arn:b", cleanup_role="arn:c")
     assert roles["Build"]["Iam"] == {"PermissionsBoundary": "arn:b", "CleanupLambdaRole": "arn:c"}
     with pytest.raises(node_image.NodeImageError, match="cannot create its build-image cleanup role"):
         node_image.image_config(base, image_id=IMAGE_ID, region="r", parent_image="ami-1", script_uri="s3://b/k",
@@ -73,8 +73,10 @@ def test_the_image_config_gets_what_each_build_adds():
 def test_what_preflight_accepts_and_refuses():
     tags = node_image.ami_tags(VERSIONS, COMMIT, PARAMETER)
     assert node_image.image_problems("ami-1", tags, VERSIONS, "custom_ami") == []
-    [stale] = node_image.image_problems("ami-1", {**tags, "ultracluster:neuron-release": "2.27.1"}, VERSIONS, "custom_ami")
-    assert stale.startswith("custom_ami: image ami-1 holds ultracluster:neuron-release=2.27.1, ultracluster:neuron-pins=")
+    older = {**tags, "ultracluster:neuron-release": "2.27.1"}
+    [stale] = node_image.image_problems("ami-1", older, VERSIONS, "custom_ami")
+    assert stale.startswith("custom_ami: image ami-1 holds ultracluster:neuron-release=2.27.1, "
+                            "ultracluster:neuron-pins=")
     assert "trigger the trn1_build_image DAG" in stale
     [untagged] = node_image.image_problems("ami-1", {}, VERSIONS, "custom_ami")
     assert "ultracluster:neuron-release=none" in untagged
@@ -210,7 +212,7 @@ def test_an_image_of_this_commit_is_returned_waited_for_or_named(fake, this_comm
         operator().execute({})
     assert deferred.value.trigger.serialize()[1]["waiter_name"] == "ImageBuildComplete"
     fake.respond("describe-image", "describe_image_build_failed.json")
-    with pytest.raises(AirflowFailException, match=f"failed to build: .*delete it \\(pcluster delete-image -i {IMAGE_ID}\\)"):
+    with pytest.raises(AirflowFailException, match=f"failed to build: .*pcluster delete-image -i {IMAGE_ID}"):
         operator().execute({})
 
 
