@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
-import yaml
 
 from tests.e2e.conftest import REPO, RUNTIME_READY, assert_nothing_left, s3_client
 from tests.fixtures_localcluster import REGION, run_pcluster
@@ -33,38 +31,23 @@ def clients(env: dict[str, str], *names: str):
                          aws_secret_access_key="testing") for n in names]
 
 
-def earlier_image(env: dict[str, str], e2e_home) -> dict:
-    """An image an earlier run built for the parameter (another release), recorded there: superseded."""
-    s3, ssm = clients(env, "s3", "ssm")
-    s3.put_object(Bucket="ultracluster-artifacts", Key="runs/images/uc-earlier/image-setup.sh",
-                  Body=b"#!/bin/bash\necho an earlier node image\n")
-    code, official = run_pcluster(env, "list-official-images", "--os", "ubuntu2204", "--architecture", "x86_64")
-    assert code == 0, official
-    config = e2e_home / "earlier-image.yaml"
-    config.write_text(yaml.safe_dump({"Build": {
-        "InstanceType": "trn1.2xlarge", "ParentImage": official["images"][0]["amiId"],
-        "Components": [{"Type": "script", "Value": "s3://ultracluster-artifacts/runs/images/uc-earlier/image-setup.sh"}]},
-        "Image": {"Tags": [{"Key": TAG_PARAMETER, "Value": PARAMETER},
-                           {"Key": "ultracluster:neuron-release", "Value": "2.27.1"}]}}))
-    code, started = run_pcluster(env, "build-image", "-i", "uc-earlier", "-c", str(config))
-    assert code == 0, started
-    deadline = time.monotonic() + 300
-    while True:
-        code, found = run_pcluster(env, "describe-image", "-i", "uc-earlier")
-        if code == 0 and found["imageBuildStatus"] == "BUILD_COMPLETE":
-            break
-        assert code == 0 and found["imageBuildStatus"] == "BUILD_IN_PROGRESS", found
-        assert time.monotonic() < deadline, found
-        time.sleep(1)
-    ssm.put_parameter(Name=PARAMETER, Value=found["ec2AmiInfo"]["amiId"], Type="String", DataType="aws:ec2:image",
-                      Overwrite=True)
-    return found
+def earlier_image(env: dict[str, str]) -> str:
+    """An image an earlier run built for the parameter (another release), recorded there: superseded. As
+    ParallelCluster leaves a built image, an AMI with its tags (a local build's own: test_image_build.py)."""
+    ec2, ssm = clients(env, "ec2", "ssm")
+    ami = ec2.register_image(Name="uc-earlier 2026-11-01T00-00-00.000Z", Architecture="x86_64",
+                             RootDeviceName="/dev/sda1", VirtualizationType="hvm")["ImageId"]
+    tags = {"parallelcluster:image_id": "uc-earlier", "parallelcluster:build_status": "available",
+            "parallelcluster:version": "3.16.1", TAG_PARAMETER: PARAMETER, "ultracluster:neuron-release": "2.27.1"}
+    ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    ssm.put_parameter(Name=PARAMETER, Value=ami, Type="String", DataType="aws:ec2:image", Overwrite=True)
+    return ami
 
 
 def test_the_image_dag_builds_records_and_deletes_the_superseded_image(airflow_local, e2e_home):
     api, env = airflow_local
     (ssm,) = clients(env, "ssm")
-    earlier = earlier_image(env, e2e_home)
+    earlier = earlier_image(env)
     built = None
     try:
         api.wait_for_dag(IMAGE_DAG_ID)
@@ -87,7 +70,7 @@ def test_the_image_dag_builds_records_and_deletes_the_superseded_image(airflow_l
         assert built["tags"]["ultracluster:neuron-pins"] == pins_digest(versions)
         assert image_problems(built["ami_id"], built["tags"], versions, "the recorded image") == []
         # Recorded in the parameter the profile names, replacing the earlier image, which is gone.
-        assert xcoms["record_image"]["previous_ami_id"] == earlier["ec2AmiInfo"]["amiId"]
+        assert xcoms["record_image"]["previous_ami_id"] == earlier
         assert ssm.get_parameter(Name=PARAMETER)["Parameter"]["Value"] == built["ami_id"]
         assert xcoms["delete_superseded"] == {"deleted": ["uc-earlier"]}
         code, gone = run_pcluster(env, "describe-image", "-i", "uc-earlier")

@@ -104,46 +104,59 @@ def delete_superseded(image: dict, delete=True) -> dict:
         return finish(op, deferred)
 
 
+def earlier_image(account, image_id: str, **tags: str) -> str:
+    """An image built for the parameter before, as ParallelCluster leaves one: an AMI with its tags
+    (registered straight into moto: its build is test_image_build.py's)."""
+    ami = account.ec2.register_image(Name=f"{image_id} 2026-11-01T00-00-00.000Z", Architecture="x86_64",
+                                     RootDeviceName="/dev/sda1", VirtualizationType="hvm")["ImageId"]
+    tags = {"parallelcluster:image_id": image_id, "parallelcluster:build_status": "available",
+            "parallelcluster:version": "3.16.1", "ultracluster:node-image": PARAMETER,
+            "ultracluster:neuron-release": "2.27.1", **tags}
+    account.ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+    return ami
+
+
 def test_build_record_and_delete_the_superseded_image(account, monkeypatch):
     versions = load_versions()
-    first = build(monkeypatch, COMMITS[0])
-    assert first["built"] is True and first["image_id"] == f"uc-neuron-2-28-0-{pins_digest(versions)[:8]}-aaaaaaaaaaaa"
-    assert first["tags"]["ultracluster:neuron-release"] == "2.28.0"
-    assert first["tags"]["ultracluster:neuron-pins"] == pins_digest(versions)
-    assert first["tags"]["ultracluster:commit"] == COMMITS[0]
-    assert first["tags"]["ultracluster:node-image"] == PARAMETER
+    older = earlier_image(account, "uc-neuron-older")
+    account.ssm.put_parameter(Name=PARAMETER, Value=older, Type="String", DataType="aws:ec2:image", Overwrite=True)
+    foreign = earlier_image(account, "uc-neuron-foreign", **{"ultracluster:node-image": "/ultracluster/elsewhere"})
+
+    built = build(monkeypatch, COMMITS[0])
+    assert built["built"] is True and built["image_id"] == f"uc-neuron-2-28-0-{pins_digest(versions)[:8]}-aaaaaaaaaaaa"
+    assert built["tags"]["ultracluster:neuron-release"] == "2.28.0"
+    assert built["tags"]["ultracluster:neuron-pins"] == pins_digest(versions)
+    assert built["tags"]["ultracluster:commit"] == COMMITS[0]
+    assert built["tags"]["ultracluster:node-image"] == PARAMETER
     # The component is the rendered node script, kept beside the run's artifacts.
-    script = account.s3.get_object(Bucket=BUCKET, Key=f"runs/images/{first['image_id']}/image-setup.sh")
+    script = account.s3.get_object(Bucket=BUCKET, Key=f"runs/images/{built['image_id']}/image-setup.sh")
     assert "NEURON_RELEASE=2.28.0" in script["Body"].read().decode()
-    assert record(first) == {"parameter": PARAMETER, "ami_id": first["ami_id"], "image_id": first["image_id"],
-                             "previous_ami_id": None, "version": 1}
-
     # The same commit again (a retry, a second trigger): the image it built, not another.
-    assert build(monkeypatch, COMMITS[0])["built"] is False
+    assert build(monkeypatch, COMMITS[0]) == dict(built, built=False)
 
-    second = build(monkeypatch, COMMITS[1])
-    assert second["image_id"] != first["image_id"]
-    assert record(second)["previous_ami_id"] == first["ami_id"]
-    assert account.ssm.get_parameter(Name=PARAMETER)["Parameter"]["Value"] == second["ami_id"]
+    assert record(built) == {"parameter": PARAMETER, "ami_id": built["ami_id"], "image_id": built["image_id"],
+                             "previous_ami_id": older, "version": 2}
+    assert account.ssm.get_parameter(Name=PARAMETER)["Parameter"]["Value"] == built["ami_id"]
     with pytest.raises(AirflowSkipException, match="delete_superseded is off"):
-        delete_superseded(second, delete=False)
-    assert delete_superseded(second) == {"deleted": [first["image_id"]]}
-    assert account.ec2.describe_images(ImageIds=[first["ami_id"]])["Images"] == []
-    assert account.ec2.describe_images(ImageIds=[second["ami_id"]])["Images"]
+        delete_superseded(built, delete=False)
+    # The image built for another parameter stays; the one this parameter held before goes.
+    assert delete_superseded(built) == {"deleted": ["uc-neuron-older"]}
+    assert account.ec2.describe_images(ImageIds=[older])["Images"] == []
+    assert account.ec2.describe_images(ImageIds=[foreign, built["ami_id"]])["Images"]
 
-    # An image nodes still run on is kept, and the task fails naming it (after deleting the rest).
-    third = build(monkeypatch, COMMITS[2])
-    record(third)
-    instance = account.ec2.run_instances(ImageId=second["ami_id"], MinCount=1, MaxCount=1,
+    # An image nodes still run on is kept, and the task fails naming it.
+    in_use = earlier_image(account, "uc-neuron-in-use")
+    instance = account.ec2.run_instances(ImageId=in_use, MinCount=1, MaxCount=1,
                                          InstanceType="trn1.32xlarge")["Instances"][0]["InstanceId"]
     try:
         with pytest.raises(AirflowFailException) as refused:
-            delete_superseded(third)
-        assert f"{second['image_id']}: Bad Request: Unable to delete image and stack: Image {second['image_id']} " \
-               f"is used by instances ['{instance}']" in str(refused.value)
+            delete_superseded(built)
+        assert ("uc-neuron-in-use: Bad Request: Unable to delete image and stack: Image uc-neuron-in-use is used by "
+                f"instances ['{instance}']") in str(refused.value)
     finally:
         account.ec2.terminate_instances(InstanceIds=[instance])
-    assert delete_superseded(third) == {"deleted": [second["image_id"]]}
+    assert delete_superseded(built) == {"deleted": ["uc-neuron-in-use"]}
+    account.ec2.deregister_image(ImageId=foreign)
 
 
 def test_a_configuration_pcluster_refuses_fails_without_retries(account, monkeypatch):
