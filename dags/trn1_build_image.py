@@ -16,6 +16,8 @@ Parse cost: airflow.sdk, the modules trn1_bert_pretrain loads anyway; yaml and b
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 from airflow.sdk import DAG, Param
 
 from ultracluster.operators.node_image import BuildNodeImageOperator
@@ -54,7 +56,7 @@ with DAG(
     max_active_runs=1,
     params=PARAMS,
     render_template_as_native_obj=True,
-    default_args={"retries": 2},
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     tags=["ultracluster", "trn1", "image"],
     doc_md=__doc__,
 ) as dag:
