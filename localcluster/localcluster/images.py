@@ -271,16 +271,20 @@ def list_official_images(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def official_ami(aws: Aws, os_name: str, architecture: str) -> dict[str, Any]:
-    """ParallelCluster's AMI of an OS, registered in moto the first time it is asked for (moto ships none)."""
+    """ParallelCluster's AMI of an OS, made in moto the first time it is asked for (moto ships none).
+    From an instance of one of moto's own AMIs of that architecture: moto's RegisterImage drops it."""
     name = official_name(os_name, architecture)
     ec2 = aws.client("ec2")
     found = ec2.describe_images(Filters=[{"Name": "name", "Values": [name]}])["Images"]
     if found:
         return found[0]
-    ami_id = ec2.register_image(
-        Name=name, Architecture=architecture, VirtualizationType="hvm", RootDeviceName="/dev/sda1",
-        Description=f"AWS ParallelCluster AMI for {os_name} (the local UltraCluster's stand-in)",
-        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 40}}])["ImageId"]
+    base = ec2.describe_images(Owners=["amazon"], Filters=[{"Name": "architecture", "Values": [architecture]}])
+    [instance] = ec2.run_instances(ImageId=base["Images"][0]["ImageId"], MinCount=1, MaxCount=1)["Instances"]
+    try:
+        description = f"AWS ParallelCluster AMI for {os_name} (the local UltraCluster's)"
+        ami_id = ec2.create_image(InstanceId=instance["InstanceId"], Name=name, Description=description)["ImageId"]
+    finally:
+        ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
     ec2.create_tags(Resources=[ami_id], Tags=[{"Key": "parallelcluster:version", "Value": PCLUSTER_VERSION},
                                               {"Key": "parallelcluster:os", "Value": os_name}])
     return ec2.describe_images(ImageIds=[ami_id])["Images"][0]
