@@ -1,7 +1,8 @@
 """trn1_build_image's operators against the local `pcluster` (its image verbs, a real moto server):
 build (deferred, the image trigger run to its event), record in SSM, delete what the new image
-supersedes; a retry finds the image it built; a refused configuration and an image still in use fail
-without retries, naming what to do."""
+supersedes; a retry finds the image it built; a refused configuration fails without retries, naming
+what to do. (An image still in use: tests/unit/test_node_image_records.py and the local CLI's refusal
+in tests/localcluster/test_image_build.py.)"""
 from __future__ import annotations
 
 import asyncio
@@ -144,18 +145,6 @@ def test_build_record_and_delete_the_superseded_image(account, monkeypatch):
     assert account.ec2.describe_images(ImageIds=[older])["Images"] == []
     assert account.ec2.describe_images(ImageIds=[foreign, built["ami_id"]])["Images"]
 
-    # An image nodes still run on is kept, and the task fails naming it.
-    in_use = earlier_image(account, "uc-neuron-in-use")
-    instance = account.ec2.run_instances(ImageId=in_use, MinCount=1, MaxCount=1,
-                                         InstanceType="trn1.32xlarge")["Instances"][0]["InstanceId"]
-    try:
-        with pytest.raises(AirflowFailException) as refused:
-            delete_superseded(built)
-        assert ("uc-neuron-in-use: Bad Request: Unable to delete image and stack: Image uc-neuron-in-use is used by "
-                f"instances ['{instance}']") in str(refused.value)
-    finally:
-        account.ec2.terminate_instances(InstanceIds=[instance])
-    assert delete_superseded(built) == {"deleted": ["uc-neuron-in-use"]}
     account.ec2.deregister_image(ImageId=foreign)
 
 

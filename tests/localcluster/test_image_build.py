@@ -183,6 +183,14 @@ def test_the_node_script_builds_an_image_with_the_exact_pins(uc_home, pcluster, 
     assert code == 1 and again == {"message": "ParallelCluster image uc-neuron-test already exists."}
 
     ami = built["ec2AmiInfo"]["amiId"]
+    # Refused while instances run on it (a cluster's nodes), as ParallelCluster refuses.
+    instance = aws("ec2").run_instances(ImageId=ami, MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    try:
+        code, refused = pcluster("delete-image", "-i", "uc-neuron-test")
+        assert code == 1 and refused == {"message": "Bad Request: Unable to delete image and stack: Image "
+                                                    f"uc-neuron-test is used by instances ['{instance}']."}
+    finally:
+        aws("ec2").terminate_instances(InstanceIds=[instance])
     code, deleted = pcluster("delete-image", "-i", "uc-neuron-test")
     assert code == 0, deleted
     assert_shape(spec, "DeleteImageResponseContent", deleted)

@@ -101,6 +101,7 @@ class BuildNodeImageOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         try:
             node_image.check_parameter(self.parameter)
+            node_image.check_roles(self.permissions_boundary_arn, self.cleanup_role_arn)
             versions = load_versions()
             commit = node_image.repository_commit()
         except ValueError as err:

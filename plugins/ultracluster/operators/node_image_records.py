@@ -93,6 +93,8 @@ class DeleteSupersededImagesOperator(BaseOperator):
             parameter)
         found = []
         for summary in hook.list_images("AVAILABLE"):
+            if summary["imageId"] == keep:
+                continue
             try:
                 description = hook.describe_image(summary["imageId"])
             except ImageNotFoundError:

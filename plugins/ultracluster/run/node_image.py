@@ -77,19 +77,23 @@ def ami_tags(versions: dict[str, str], commit: str, parameter: str) -> dict[str,
             TAG_PARAMETER: parameter}
 
 
+def check_roles(permissions_boundary: str | None, cleanup_role: str | None) -> None:
+    """With a boundary, ParallelCluster cannot create its cleanup role (it makes it without one)."""
+    if permissions_boundary and not cleanup_role:
+        raise NodeImageError("with a permissions boundary, ParallelCluster cannot create its build-image cleanup "
+                             "role: set image_cleanup_role_arn (include/cluster/iam/roles.cfn.json makes it)")
+
+
 def image_config(base: dict[str, Any], *, image_id: str, region: str, parent_image: str, script_uri: str,
                  tags: dict[str, str], permissions_boundary: str | None = None,
                  cleanup_role: str | None = None) -> dict[str, Any]:
     """include/cluster/image-config.yaml (parsed) with what each build adds: the region, the parent
     image, the rendered node script as the only component, the AMI's name and tags, and the roles'
-    boundary. With a boundary ParallelCluster cannot create its cleanup role (it makes it without
-    one), so the deployment's own role must be named."""
+    boundary (``check_roles``)."""
     build = base.get("Build") or {}
     if "ParentImage" in build or "Components" in build:
         raise NodeImageError("image-config.yaml must leave Build.ParentImage and Build.Components to the build")
-    if permissions_boundary and not cleanup_role:
-        raise NodeImageError("with a permissions boundary, ParallelCluster cannot create its build-image cleanup "
-                             "role: set image_cleanup_role_arn (include/cluster/iam/roles.cfn.json makes it)")
+    check_roles(permissions_boundary, cleanup_role)
     config = copy.deepcopy(base)
     config["Region"] = region
     build = config.setdefault("Build", {})
