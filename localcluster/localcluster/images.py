@@ -23,6 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from . import state, validate
 from .aws import Aws, region_from_env
 from .cli_args import Failure, resolve_region
@@ -226,7 +228,11 @@ def delete_image(args: argparse.Namespace) -> dict[str, Any]:
         for ami in built:
             _deregister(aws, ami)
         if record and record.get("configBucket"):
-            aws.delete_config(record["configBucket"], record["configKey"])
+            try:
+                aws.delete_config(record["configBucket"], record["configKey"])
+            except ClientError as error:   # as pcluster: a missing bucket's artifacts are skipped
+                if error.response["Error"]["Code"] != "NoSuchBucket":
+                    raise
         shutil.rmtree(image_dir(image_id), ignore_errors=True)
     version = (_ami_tags(built[0]).get("parallelcluster:version") if built else None) or PCLUSTER_VERSION
     image = {"imageId": image_id, "imageBuildStatus": "DELETE_IN_PROGRESS", "region": aws.region, "version": version}

@@ -118,7 +118,8 @@ class AirflowApi:
         req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        # An API server on a loaded 2-core machine answers slowly.
+        with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read() or b"{}")
 
     def login(self) -> None:

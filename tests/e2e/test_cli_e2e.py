@@ -49,7 +49,8 @@ def test_the_cli_against_a_real_airflow(airflow_local):
                         "--via", "backfill", "--dry-run")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.splitlines()[0] == (f"sweep e2e-cli: backfill {DAG_ID} from {ticks[0]} to {ticks[1]}; "
-                                           "the dry run plans 2 runs:")
+                                           "the dry run plans 2 runs, each training the point of its week "
+                                           "(weeks since 2023-01-01 modulo 2):")
     assert [line.split()[0] for line in done.stdout.splitlines()[1:]] == ticks
 
     # The same window through `airflow backfill create`, as a user runs it on the deployment (with

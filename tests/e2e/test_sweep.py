@@ -116,6 +116,11 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
         assert rows[nodes]["final_loss"] == pytest.approx(measured["Final loss"])
         assert rows[nodes]["world_size"] == body["results"]["parameters"]["World size"]
         assert (rows[nodes]["cost_basis"], rows[nodes]["cost_usd"]) == ("ec2_instances", body["usage"]["usd"])
+    # The report names what really trained (issue 25): BERT-tiny on the local nodes' CPUs, so Neuron's
+    # BERT-large figures stay out of it.
+    assert report["markdown"].startswith(f"# BERT-tiny scaling on CPU: sweep {SWEEP['id']}\n"), report["markdown"]
+    assert {(row["model"], row["device"]) for row in report["rows"]} == {("BERT-tiny", "cpu")}
+    assert "reference: " not in report["markdown"]
     prefix = report["uri"].removeprefix("s3://ultracluster-artifacts/")
     listed = {o["Key"].rsplit("/", 1)[-1]: o["Size"]
               for o in s3.list_objects_v2(Bucket="ultracluster-artifacts", Prefix=prefix)["Contents"]}

@@ -107,7 +107,7 @@ def test_every_problem_fails_the_run_once_and_names_its_param(s3):
     message = str(failed.value)
     # The count is the number of lines listed (the cross-field rules count one each).
     assert message.startswith("preflight found 5 problems, nothing was created:\n- ")
-    assert message.count("\n- ") == 5
+    assert len(message.splitlines()) == 1 + 5 and message.count("\n- ") == 5   # one line per problem
     for expected in ("num_nodes (3) exceeds max_nodes (2)", "extra_tags: key 'aws:owner' uses a reserved prefix",
                      "key_name: no key pair 'nobody' in us-east-1",
                      "instance_type: trn1.32xlarge is not offered in availability zone id use1-az1"):

@@ -97,7 +97,7 @@ def at(minute: float) -> str:
 
 
 def run(nodes, state="success", *, mode="strong", avg=None, ttt=None, extrapolated=False, node_hours=None,
-        written=0, train_min=60, points=(1, 2, 4, 8)):
+        written=0, train_min=60, points=(1, 2, 4, 8), model="BERT-large", device="xla:NEURON"):
     """A run's index entry, state and XComs as the pipeline leaves them. Timeline (minutes from
     10:00): created 0, fleet ready 12, train 15 -> 15+train_min, deleted 12 minutes later."""
     point = {"id": "s1", "index": list(points).index(nodes) if nodes in points else 0, "count": len(points),
@@ -114,7 +114,7 @@ def run(nodes, state="success", *, mode="strong", avg=None, ttt=None, extrapolat
         xcoms["collect_results"] = {
             "average_throughput_seq_per_s": avg, "peak_throughput_seq_per_s": avg * 1.1, "time_to_train_min": ttt,
             "time_to_train_extrapolated": extrapolated, "final_loss": 7.5, "nodes": nodes, "world_size": 32 * nodes,
-            "global_batch": 16384, "sweep": point, "node_hours": node_hours}
+            "global_batch": 16384, "sweep": point, "node_hours": node_hours, "model": model, "device": device}
     if state == "failed":
         xcoms = {k: v for k, v in xcoms.items() if k in ("preflight", "pcluster_create", "delete_cluster")}
     return entry, state, xcoms
@@ -282,7 +282,8 @@ def test_build_report_writes_the_files_and_emits_the_event(s3):
     op, context, asset = task(s3, runs)
     result = op.execute(context)
     assert result["sweep_id"] == "s1" and result["uri"] == f"s3://{BUCKET}/{REPORTS}/"
-    assert [r["nodes"] for r in result["rows"]] == [1, 2] and "| 1 | 32 |" in result["markdown"]
+    assert [r["nodes"] for r in result["rows"]] == [1, 2]
+    assert "| 1 | BERT-large | Trainium (Neuron) | 32 |" in result["markdown"]
     assert context["outlet_events"][asset].extra == {"sweep_id": "s1", "uri": result["uri"]}
     objects = {o["Key"]: o for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=REPORTS)["Contents"]}
     assert sorted(objects) == [f"{REPORTS}/{n}" for n in ("report.html", "report.json", "report.md", "throughput.png")]

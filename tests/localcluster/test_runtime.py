@@ -516,3 +516,26 @@ def test_failed_provision_cleans_up_what_it_started(uc_home: UcHome) -> None:
     assert [a for a in partial.addresses() if listening(*a)] == []
     partial.teardown()
     assert not cluster_dir.exists()
+
+
+def test_sweep_takes_the_child_a_killed_booter_left(tmp_path):
+    """A booter (its own session, naming the cluster dir) killed while its scontrol runs: the child is
+    no command the sweep looks for, and must go with its group."""
+    marker = tmp_path / "clusters" / "c1"
+    booter = subprocess.Popen(
+        [str(LOCALCLUSTER_PYTHON), "-c", "import subprocess, sys; subprocess.run(['sleep', '37.5'])",
+         "localcluster.runtime.power", "boot", str(marker)],  # the sweep's pattern for a booter
+        start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not subprocess.run(["pgrep", "-g", str(booter.pid), "-x", "sleep"], capture_output=True).stdout:
+        assert time.monotonic() < deadline, "the booter's child never started"
+        time.sleep(0.1)
+    script = ("import sys; from localcluster.runtime.procs import pids_mentioning; "
+              "from localcluster.runtime.teardown import sweep; "
+              "print(sweep(lambda: set(pids_mentioning(sys.argv[1]))))")
+    done = subprocess.run([str(LOCALCLUSTER_PYTHON), "-c", script, str(marker)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    booter.wait(timeout=10)
+    assert f"process[{booter.pid}]" in done.stdout
+    assert subprocess.run(["pgrep", "-f", "sleep 37.5"], capture_output=True).stdout == b""

@@ -16,6 +16,7 @@ import pytest
 from tests.training.support import (TINY_ENV, base_env, metric_values, processes_mentioning, progress_lines,
                                     results_path, run_emulated, run_script_once, slurm_env, validate_results,
                                     EmulatedNodes)
+from ultracluster.run.contracts import extract_metrics
 
 pytestmark = pytest.mark.training
 
@@ -183,6 +184,8 @@ def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tm
     assert params["Auto resume"] == {"resumes": 0, "steps_lost": 0, "history": [], "nodes_lost": {}}
     assert params["Gradient accumulation microsteps"] == 1 and params["Global batch size"] == 16
     assert not [k for k in params["Environment variables"] if k.startswith(("FI_", "NEURON_"))]  # not Trn1
+    # What the scaling report names (issue 25): the model and the device that really trained.
+    assert {k: extract_metrics(results)[k] for k in ("model", "device")} == {"model": "BERT-tiny", "device": "cpu"}
     assert metric_values(results, "Sequences processed") == [16 * 40]
     assert metric_values(results, "Final loss") == [pytest.approx(progress[-1].loss, abs=1e-6)]
     assert len(metric_values(results, "Loss")) == 40

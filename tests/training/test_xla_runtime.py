@@ -17,6 +17,7 @@ import pytest
 
 from tests.training.support import (REPO, TINY_ENV, base_env, progress_lines, results_path, run_emulated,
                                     validate_results)
+from ultracluster.run.contracts import extract_metrics
 
 pytestmark = pytest.mark.training
 
@@ -71,6 +72,8 @@ def test_xla_path_trains_with_tied_bf16_weights_resumes_and_reports(xla_run):
     assert parameters["Collective check"] == {"backend": "xla", "world_size": 1, "result": 1}
     assert (parameters["Start step"], parameters["End step"]) == (4, 6)
     assert "XLA_DOWNCAST_BF16" not in parameters["Environment variables"]
+    # torch-xla's CPU runtime, not Trainium: what the scaling report names (issue 25).
+    assert {k: extract_metrics(results)[k] for k in ("model", "device")} == {"model": "BERT-tiny", "device": "xla:CPU"}
 
 
 def test_no_device_to_host_transfer_on_steps_that_do_not_log(xla_run):

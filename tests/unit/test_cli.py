@@ -3,6 +3,7 @@ server: a stub of Airflow's REST API v2 (tests/unit/airflow_stub.py). Exact requ
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,16 @@ from tests.unit.airflow_stub import (DAG, PASSWORD, RUN, RUN_ID, StubAirflow, cl
                                     token_request)
 from tests.unit.airflow_stub import no_ambient_config, stub  # noqa: F401 - fixtures
 from ultracluster.cli import main
-from ultracluster.cli.client import render_detail
+from ultracluster.cli.client import (
+    GENERATED_PASSWORDS_FILE,
+    LOCAL_ENV_SCRIPT,
+    PASSWORDS_FILE_SETTING,
+    checkout_root,
+    passwords_files,
+    render_detail,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 # trigger
 
@@ -207,6 +217,55 @@ def test_configuration_from_the_environment_and_the_local_passwords_file(stub, m
     assert main(["status", "--password", PASSWORD, RUN_ID]) == 0  # options after the subcommand too
     assert [body["password"] for method, path, body in stub.requests if path == "/auth/token"] == [
         PASSWORD, "from-env", PASSWORD]
+
+
+def fresh_shell(tmp_path: Path, **more: str) -> dict[str, str]:
+    """The environment of a new login shell that did not source scripts/env.sh."""
+    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+            "LOCAL_ULTRACLUSTER_HOME": str(tmp_path / "no-local-cluster"), **more}
+
+
+def test_a_fresh_shell_finds_the_passwords_file_env_sh_names(stub, monkeypatch, tmp_path, capsys):
+    """Issue 25: `ultracluster status RUN_ID` in a shell that did not source scripts/env.sh failed with
+    "no password". The checkout's own env.sh (copied here) says where `make up` keeps the password."""
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / LOCAL_ENV_SCRIPT, checkout / LOCAL_ENV_SCRIPT)
+    (checkout / ".airflow").mkdir()
+    (checkout / ".airflow" / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
+    assert passwords_files(fresh_shell(tmp_path), checkout) == [
+        checkout / ".airflow" / "passwords.json", tmp_path / "airflow" / GENERATED_PASSWORDS_FILE]
+
+    stub.on("GET", RUN, run(RUN_ID, "success"))
+    stub.on("GET", f"{RUN}/taskInstances?limit=100", tis())
+    for name in (PASSWORDS_FILE_SETTING, "AIRFLOW_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_ULTRACLUSTER_HOME", str(tmp_path / "no-local-cluster"))
+    monkeypatch.setattr(sys.modules["ultracluster.cli.main"], "checkout_root", lambda: checkout)
+    assert main(["--url", stub.url, "status", RUN_ID]) == 0
+    assert stub.requests[0] == ("POST", "/auth/token", {"username": "admin", "password": PASSWORD})
+
+    (checkout / ".airflow" / "passwords.json").unlink()
+    assert main(["--url", stub.url, "status", RUN_ID]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"no password for Airflow user 'admin': pass --password or set ULTRACLUSTER_AIRFLOW_PASSWORD (none in "
+        f"{checkout}/.airflow/passwords.json, {Path.home()}/airflow/{GENERATED_PASSWORDS_FILE})")
+
+
+def test_the_console_script_reads_this_checkouts_env_sh(stub, tmp_path):
+    """The installed `ultracluster` runs from this checkout and asks its scripts/env.sh, which honours
+    the shell's AIRFLOW_HOME (so this test writes no password into the checkout)."""
+    assert checkout_root() == REPO
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    (home / "passwords.json").write_text(json.dumps({"admin": PASSWORD}))
+    stub.on("GET", RUN, run(RUN_ID, "success"))
+    stub.on("GET", f"{RUN}/taskInstances?limit=100", tis())
+    script = Path(sys.executable).with_name("ultracluster")
+    done = subprocess.run([str(script), "--url", stub.url, "status", RUN_ID], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env=fresh_shell(tmp_path, AIRFLOW_HOME=str(home)), check=False)
+    assert done.returncode == 0, done.stderr
+    assert stub.requests[0] == ("POST", "/auth/token", {"username": "admin", "password": PASSWORD})
 
 
 # report

@@ -74,14 +74,17 @@ def test_sweep_via_backfill_covers_the_last_weekly_ticks(stub, capsys):
         ("POST", "/api/v2/backfills", body),
         ("GET", runs_query(dates), None),
     ]
-    # The DAG's own rule (ultracluster.run.sweep) gives each date its point: every point once.
+    # The DAG's own rule (ultracluster.run.sweep) gives each date its point: every point once, and
+    # here (week 169 since 2023-01-01 first: 169 % 3 = 1) from the second point on, as the plan says.
     points = [sweep_point(body["dag_run_conf"]["sweep"], datetime.fromisoformat(d), timedelta(days=7))["num_nodes"]
               for d in dates]
-    assert sorted(points) == [1, 2, 4]
+    assert points == [2, 4, 1]
     out = timeless(capsys.readouterr().out)
     assert out.startswith(
-        f"sweep s1: backfill trn1_bert_pretrain from {dates[0]} to {dates[-1]}; the dry run plans 3 runs:\n"
-        + "".join(f"  {d}  num_nodes={n}\n" for d, n in zip(dates, points))
+        f"sweep s1: backfill trn1_bert_pretrain from {dates[0]} to {dates[-1]}; the dry run plans 3 runs, "
+        "each training the point of its week (weeks since 2023-01-01 modulo 3):\n"
+        f"  {dates[0]}  num_nodes=2 (point 2/3)\n  {dates[1]}  num_nodes=4 (point 3/3)\n"
+        f"  {dates[2]}  num_nodes=1 (point 1/3)\n"
         + "unpaused trn1_bert_pretrain\nsweep s1: backfill 7 created\n"
         + "".join(f"  [n={n} {d[:10]}] run {i}\n" for d, n, i in zip(dates, points, ids))), out
     assert out.endswith("sweep s1: 3/3 runs succeeded\n")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from ultracluster.operators.cluster_config import RenderClusterConfigOperator, validate_cluster_config
-from ultracluster.run.errors import ConfigValidationError
+from ultracluster.run.errors import ConfigValidationError, counted, problem_list
 from ultracluster.run.names import CLUSTER_NAME_PATTERN, cluster_name_for, safe_run_id
 from ultracluster.run.neuron_versions import render_on_node_configured
 from ultracluster.run.plan import validate_plan
@@ -71,6 +71,19 @@ def test_all_problems_are_listed_at_once():
     with pytest.raises(ConfigValidationError) as err:
         validate_plan(params)
     assert str(err.value).count("\n- ") == 3  # max_nodes, steps, divisibility
+
+
+def test_a_problem_list_has_one_line_per_problem():
+    """Issue 25: preflight said "1 problem(s)" and listed two: validate_plan's whole list had gone in
+    as one problem. A problem's own line breaks are folded, so the count matches the lines listed."""
+    merged = "Invalid run configuration:\n- num_nodes (3) exceeds max_nodes (2)\n- steps_this_run (50) exceeds"
+    problems = [merged, "key_name: no key pair 'x\ny' in us-east-1\n"]
+    message = problem_list(f"preflight found {counted(problems, 'problem')}, nothing was created", problems)
+    assert message.splitlines() == [
+        "preflight found 2 problems, nothing was created:",
+        "- Invalid run configuration: - num_nodes (3) exceeds max_nodes (2) - steps_this_run (50) exceeds",
+        "- key_name: no key pair 'x y' in us-east-1"]
+    assert counted(["one"], "problem") == "1 problem"
 
 
 @pytest.mark.parametrize("run_id", [

@@ -36,6 +36,25 @@ def test_a_longer_range_repeats_points_in_order():
     assert chosen == [0, 1, 2, 3, 4, 0, 1]
 
 
+def test_a_backfill_starts_where_its_first_week_falls():
+    """Issue 25: points 1, 2, 3 backfilled over the Sundays from 2026-03-29 (week 169) run as 2, 3, 1."""
+    sweep = {"id": "s1", "num_nodes": [1, 2, 3]}
+    first = datetime(2026, 3, 29, tzinfo=timezone.utc)
+    assert [sweep_point(sweep, first + i * WEEK, WEEK)["num_nodes"] for i in range(3)] == [2, 3, 1]
+
+
+def test_the_task_sdk_does_not_tell_a_run_its_backfill():
+    """Why a backfill cannot start at its first point: what a task knows of its DagRun (the execution
+    API's model, as the Task SDK receives it) has the run type, no backfill id nor its dates. When this
+    fails, Airflow tells a run its backfill: start the points at the backfill's first tick."""
+    from airflow.api_fastapi.execution_api.datamodels.taskinstance import DagRun as ServedDagRun
+    from airflow.sdk.api.datamodels._generated import DagRun
+
+    for model in (DagRun, ServedDagRun):
+        assert "run_type" in model.model_fields and "logical_date" in model.model_fields
+        assert not {name for name in model.model_fields if "backfill" in name or name in ("from_date", "to_date")}
+
+
 def test_the_weekly_schedule_ticks_are_whole_indexes():
     # The DAG's @weekly ticks are Sundays 00:00 UTC; a backfill's logical dates are those ticks.
     assert ORIGIN.weekday() == 6 and (ORIGIN.hour, ORIGIN.minute) == (0, 0)

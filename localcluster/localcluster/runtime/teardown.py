@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -76,8 +78,27 @@ def sweep(find: Callable[[], set[int]], rounds: int = 6, quiet_s: float = 0.3) -
             time.sleep(quiet_s)
             if not (leftovers := find()):
                 break
+        leaders = _group_leaders(leftovers)
         stopped += [f"process[{p}]" for p in kill_pids(sorted(leftovers), grace=1.0)]
+        for group in leaders:  # a booter's scontrol, orphaned by its TERM, is still in its group
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     return stopped
+
+
+def _group_leaders(pids: set[int]) -> list[int]:
+    """The PIDs that lead a process group of their own (started with a new session), never ours."""
+    own = os.getpgid(0)
+    leaders = []
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid != own:
+                leaders.append(pid)
+        except ProcessLookupError:
+            pass
+    return leaders
 
 
 def _listening_leftovers(paths: ClusterPaths) -> list[str]:

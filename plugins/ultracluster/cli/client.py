@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -18,10 +20,12 @@ DEFAULT_DAG = "trn1_bert_pretrain"
 ENV_URL = "ULTRACLUSTER_AIRFLOW_URL"
 ENV_USERNAME = "ULTRACLUSTER_AIRFLOW_USERNAME"
 ENV_PASSWORD = "ULTRACLUSTER_AIRFLOW_PASSWORD"
-# The simple auth manager keeps its users' passwords here (scripts/env.sh points it at
-# $AIRFLOW_HOME/passwords.json); without the setting Airflow generates this file in AIRFLOW_HOME.
+# The simple auth manager keeps its users' passwords in the file this setting names; without it,
+# Airflow generates GENERATED_PASSWORDS_FILE in AIRFLOW_HOME.
 PASSWORDS_FILE_SETTING = "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 GENERATED_PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"
+# The local deployment's environment (AIRFLOW_HOME, the passwords file, ...), in the checkout.
+LOCAL_ENV_SCRIPT = "scripts/env.sh"
 
 
 class CliError(Exception):
@@ -53,29 +57,61 @@ def _render_error(err: Any) -> str:
     return f"{loc}: {err['msg']}" if loc else str(err["msg"])
 
 
-def local_password(username: str) -> str | None:
-    """The password of ``username`` in the simple auth manager's passwords file of a local Airflow
-    (the file `make up` writes), or None. Lets `ultracluster` log in on the local deployment with
-    no password given, as scripts/demo.sh relies on."""
-    path = os.environ.get(PASSWORDS_FILE_SETTING)
-    if not path:
-        home = os.environ.get("AIRFLOW_HOME") or "~/airflow"
-        path = str(Path(home).expanduser() / GENERATED_PASSWORDS_FILE)
+def checkout_root() -> Path | None:
+    """The checkout this package runs from (`make setup` installs it editable from ``plugins/``), or
+    None for an installed package."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / LOCAL_ENV_SCRIPT).is_file() else None
+
+
+def env_script_setting(checkout: Path, environ: Mapping[str, str]) -> str | None:
+    """``PASSWORDS_FILE_SETTING`` as the checkout's scripts/env.sh sets it in ``environ``: the
+    script stays the one home of the local deployment's layout, and a fresh shell that did not
+    source it finds the same file `make up` wrote."""
     try:
-        password = json.loads(Path(path).read_text()).get(username)
-    except (OSError, ValueError, AttributeError):
+        done = subprocess.run(["bash", "-c", f'. "$1" >/dev/null 2>&1; printf %s "${PASSWORDS_FILE_SETTING}"', "-",
+                               str(checkout / LOCAL_ENV_SCRIPT)], env=dict(environ), capture_output=True,
+                              text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
         return None
-    return password if isinstance(password, str) else None
+    return done.stdout.strip() or None
+
+
+def passwords_files(environ: Mapping[str, str] | None = None, checkout: Path | None = None) -> list[Path]:
+    """Where a local deployment keeps its passwords, in the order they are tried: the file the
+    environment names; else the one the checkout's scripts/env.sh names, then the file Airflow
+    generates in AIRFLOW_HOME."""
+    environ = os.environ if environ is None else environ
+    if environ.get(PASSWORDS_FILE_SETTING):
+        return [Path(environ[PASSWORDS_FILE_SETTING])]
+    named = env_script_setting(checkout, environ) if checkout else None
+    home = Path(environ.get("AIRFLOW_HOME") or Path(environ.get("HOME") or Path.home()) / "airflow").expanduser()
+    return [*([Path(named)] if named else []), home / GENERATED_PASSWORDS_FILE]
+
+
+def local_password(username: str, files: Sequence[Path]) -> str | None:
+    """The password of ``username`` in the first of ``files`` that has one (``passwords_files``), or
+    None. Lets `ultracluster` log in on the local deployment with no password given."""
+    for path in files:
+        try:
+            password = json.loads(path.read_text()).get(username)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(password, str) and password:
+            return password
+    return None
 
 
 class AirflowClient:
     """Calls on one Airflow API server as one user; logs in on first use and again when the token
     expires (a long follow can outlive it)."""
 
-    def __init__(self, base: str, username: str, password: str | None, *, timeout: float = 30.0) -> None:
+    def __init__(self, base: str, username: str, password: str | None, *, timeout: float = 30.0,
+                 looked_in: Sequence[Path] = ()) -> None:
         self.base = base.rstrip("/")
         self.username = username
         self.password = password
+        self.looked_in = list(looked_in)  # the passwords files tried when no password was given
         self._token: str | None = None
         self._http = httpx.Client(base_url=self.base, timeout=timeout)
 
@@ -87,7 +123,9 @@ class AirflowClient:
 
     def login(self) -> None:
         if not self.password:
-            raise CliError(f"no password for Airflow user {self.username!r}: pass --password or set {ENV_PASSWORD}")
+            tried = f" (none in {', '.join(map(str, self.looked_in))})" if self.looked_in else ""
+            raise CliError(f"no password for Airflow user {self.username!r}: pass --password or set {ENV_PASSWORD}"
+                           f"{tried}")
         resp = self._send("POST", "/auth/token", {"username": self.username, "password": self.password}, None)
         if resp.status_code in (401, 403):
             raise CliError(f"Airflow at {self.base} refused the credentials of user {self.username!r} "

@@ -18,9 +18,12 @@ from ultracluster.cli.client import (
     ENV_PASSWORD,
     ENV_URL,
     ENV_USERNAME,
+    PASSWORDS_FILE_SETTING,
     AirflowClient,
     CliError,
+    checkout_root,
     local_password,
+    passwords_files,
 )
 from ultracluster.cli.reap import add_parser as add_reap_parser
 from ultracluster.cli.runs import REPORT_DAG, cmd_report, cmd_status, cmd_trigger
@@ -29,7 +32,8 @@ from ultracluster.cli.sweeps import cmd_sweep
 EPILOG = f"""\
 environment: {ENV_URL}, {ENV_USERNAME},
   {ENV_PASSWORD}. Without a password, the local deployment's is used
-  (the simple auth manager's passwords file, as `make up` writes it).
+  (the simple auth manager's passwords file, as `make up` writes it: the file
+  {PASSWORDS_FILE_SETTING} names, else the one scripts/env.sh names).
 exit codes: 0 success, 1 a run failed (or was not followed to its end), 2 an error."""
 
 
@@ -110,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, *, now: datetime | None = None) -> int:
     """The console script. ``now`` (tests) fixes the clock that picks a backfilled sweep's dates."""
     args = build_parser().parse_args(argv)
-    password = args.password or local_password(args.username)
-    client = AirflowClient(args.url, args.username, password)
+    files = [] if args.password else passwords_files(checkout=checkout_root())
+    password = args.password or local_password(args.username, files)
+    client = AirflowClient(args.url, args.username, password, looked_in=files)
     try:
         if args.handler is cmd_sweep:
             return cmd_sweep(client, args, now)

@@ -2,8 +2,10 @@
 
 A backfilled run picks its point from its logical date (``ultracluster.run.sweep``): index = whole weeks
 since 2023-01-01 (a Sunday) modulo the number of points, so any ``len(points)`` consecutive weekly
-ticks cover each point once. The backfill spans the most recent ``len(points)`` ticks (Sunday
-00:00 UTC) strictly before now:
+ticks cover each point once, yet the first tick need not train the first point (a run cannot tell
+its backfill's first tick: ``run.sweep``). The plan printed before anything is created shows each
+tick's point. The backfill spans the most recent ``len(points)`` ticks (Sunday 00:00 UTC) strictly
+before now:
 
 - Airflow 3.3 creates a backfill run for every tick with ``from_date <= logical_date <= to_date``
   (both ends inclusive: ``SerializedDAG.iter_dagrun_infos_between``), keeping only those whose data
@@ -164,9 +166,11 @@ def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes:
     planned = client.post("/api/v2/backfills/dry_run", body)["backfills"]
     dates = sorted(datetime.fromisoformat(item["logical_date"]) for item in planned if item.get("logical_date"))
     say(f"sweep {args.id}: backfill {args.dag} from {body['from_date']} to {body['to_date']}; "
-        f"the dry run plans {len(dates)} runs:")
+        f"the dry run plans {len(dates)} runs, each training the point of its week (weeks since "
+        f"{ORIGIN:%Y-%m-%d} modulo {len(nodes)}):")
     for date in dates:
-        say(f"  {iso(date)}  num_nodes={point_at(nodes, date)}")
+        nodes_then = point_at(nodes, date)
+        say(f"  {iso(date)}  num_nodes={nodes_then} (point {nodes.index(nodes_then) + 1}/{len(nodes)})")
     if dates != ticks:
         raise CliError(f"the dry run plans {[iso(d) for d in dates]}, the sweep needs one run at each of "
                        f"{[iso(t) for t in ticks]}: a run at one of them is still in flight, or {args.dag}'s "

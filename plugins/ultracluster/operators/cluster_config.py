@@ -39,7 +39,7 @@ from ultracluster.run.form import (
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run.names import cluster_name_for, compute_resource_name, run_artifacts_location
 from ultracluster.run.neuron_versions import render_on_node_configured
-from ultracluster.run.errors import ConfigValidationError
+from ultracluster.run.errors import ConfigValidationError, problem_list
 from ultracluster.run.profiles import include_dir
 from ultracluster.run.s3 import check_sse, split_s3_uri
 from ultracluster.run.ssh_access import allowed_ips, flag
@@ -107,7 +107,7 @@ def validate_cluster_config(yaml_text: str, schema_path: str) -> dict:
             if resource.get("Efa", {}).get("Enabled") and resource.get("InstanceType") not in EFA_INSTANCE_TYPES:
                 problems.append(f"queue {queue.get('Name')}: {resource.get('InstanceType')} has no EFA")
     if problems:
-        raise ConfigValidationError("Cluster config failed validation:\n- " + "\n- ".join(problems))
+        raise ConfigValidationError(problem_list("Cluster config failed validation", problems))
     return document
 
 
@@ -261,7 +261,7 @@ class RenderClusterConfigOperator(BaseOperator):
         except ValueError as err:
             problems.append(str(err))
         if problems:   # preflight refuses these first; a direct use of the operator must not render them
-            raise ConfigValidationError("Cluster config not rendered:\n- " + "\n- ".join(problems))
+            raise ConfigValidationError(problem_list("Cluster config not rendered", problems))
         queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues, capacity,
                               self.custom_ami)
         # The most nodes the cluster can hold: what the deployment's node cap counts (tags.NODES_TAG).

@@ -25,6 +25,7 @@ from ultracluster.operators.image_checks import node_image_problems
 from ultracluster.run import boot_time
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run.cost import PriceError, estimate, load_prices
+from ultracluster.run.errors import counted, problem_list
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.plan import plan_problems, run_plan
 from ultracluster.run.s3 import check_sse
@@ -110,8 +111,8 @@ class PreflightOperator(BaseOperator):
         problems += node_image_problems(plan, aws_conn_id=self.aws_conn_id, parameter=self.node_image_parameter,
                                         install_at_boot=self.install_neuron_at_boot, log=self.log)
         if problems:
-            raise AirflowFailException(f"preflight found {len(problems)} problem{'s' * (len(problems) != 1)}, "
-                                       "nothing was created:\n- " + "\n- ".join(problems))
+            raise AirflowFailException(problem_list(
+                f"preflight found {counted(problems, 'problem')}, nothing was created", problems))
         price = run_capacity.node_price(plan, capacity["found"], expected["usd_per_node_hour"])
         expected = estimate(plan, prices, node_price=price)
         if not price["known"]:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 def summary_table(metrics: Mapping[str, Any]) -> str:
     labels = {
+        "model": "Model",
+        "device": "Device",
         "final_loss": "Final loss",
         "average_throughput_seq_per_s": "Average throughput (seq/s)",
         "peak_throughput_seq_per_s": "Peak throughput (seq/s)",

@@ -1,4 +1,5 @@
-"""The scaling report: how BERT-Large training time and cost scale with Trn1 nodes, per sweep.
+"""The scaling report: how BERT-Large training time and cost scale with Trn1 nodes, per sweep (titled by
+what its runs really trained, and on what: ``hardware``).
 
 - ``records.run_record``: one run of a sweep, from its sweep index entry, state and XComs.
 - ``table.build_rows`` / ``table.make_report``: one row per sweep point, efficiency, cost.

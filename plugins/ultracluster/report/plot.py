@@ -1,6 +1,6 @@
 """The report's plot: throughput against nodes, the ideal linear line, efficiency on a second axis.
 
-matplotlib is imported inside ``plot_png`` (Agg, no display): heavy, so never at parse time.
+matplotlib is imported inside ``plot_figure`` (Agg, no display): heavy, so never at parse time.
 """
 from __future__ import annotations
 
@@ -8,17 +8,28 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from ultracluster.report.hardware import trained
+
 SIZE_INCHES = (8.0, 6.0)
 DPI = 100
 
 
 def plot_png(report: Mapping[str, Any]) -> bytes:
-    """PNG bytes, ``SIZE_INCHES`` x ``DPI`` pixels. Successful points only; a sweep without one gets
-    an empty plot that says so."""
+    """PNG bytes, ``SIZE_INCHES`` x ``DPI`` pixels (``plot_figure``)."""
+    buffer = io.BytesIO()
+    plot_figure(report).savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def plot_figure(report: Mapping[str, Any]) -> Any:
+    """The plot as a matplotlib Figure. Successful points only; a sweep without one gets an empty
+    plot that says so. The title names what trained (``report.hardware``); the reference points are
+    the report's, which match it."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure  # no pyplot: no global figure state in a worker
+    from matplotlib.ticker import MaxNLocator
 
     done = sorted((r for r in report["rows"] if r["status"] == "success" and r.get("nodes")
                    and r.get("average_throughput_seq_per_s")), key=lambda r: r["nodes"])
@@ -43,7 +54,8 @@ def plot_png(report: Mapping[str, Any]) -> bytes:
                                   report.get("references") or []):
         axes.plot([ref["nodes"]], [ref["seq_per_s"]], marker, color=color, markersize=11, linestyle="none",
                   label=f"reference: {ref.get('label')}")
-    axes.set_xlabel("Trn1 nodes" + (f" ({report['instance_type']})" if report.get("instance_type") else ""))
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # node counts: no 1.25 nodes
+    axes.set_xlabel("nodes" + (f" ({report['instance_type']})" if report.get("instance_type") else ""))
     values = [r["average_throughput_seq_per_s"] for r in done] + [
         ref["seq_per_s"] for ref in report.get("references") or [] if ref.get("seq_per_s")]
     # Measured points far below the references (a small or local cluster): a linear axis would
@@ -67,9 +79,8 @@ def plot_png(report: Mapping[str, Any]) -> bytes:
     if handles:
         # Below the axes: inside, it would hide points whatever the corner.
         axes.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")
-    axes.set_title(f"BERT-Large throughput vs nodes: sweep {report['sweep_id']}"
+    what = trained(report.get("model"), report.get("device"))
+    axes.set_title(f"Throughput{f' of {what}' if what else ''} against nodes\nsweep {report['sweep_id']}"
                    + (f" ({report['scaling_mode']} scaling)" if report.get("scaling_mode") else ""))
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI)
-    return buffer.getvalue()
+    return figure

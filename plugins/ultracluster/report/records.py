@@ -60,6 +60,9 @@ def run_record(index_entry: Mapping[str, Any], state: Any, xcoms: Mapping[str, A
         "time_to_train_min": metrics.get("time_to_train_min"),
         "time_to_train_extrapolated": metrics.get("time_to_train_extrapolated"),
         "final_loss": metrics.get("final_loss"),
+        # What trained, from results.json (run.contracts.model_name, device_of).
+        "model": metrics.get("model"),
+        "device": metrics.get("device"),
         "steps": _first(train.get("steps"), metrics.get("steps")),
         "cluster_created_at": _iso(created.get("created_at")),
         "cluster_deleted_at": _iso(deleted.get("deleted_at")),

@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ultracluster.report.hardware import device_label, trained
+
 Row = Mapping[str, Any]
 
 
@@ -31,6 +33,9 @@ def _efficiency(row: Row) -> str:
 # (header, cell of a measured row, cell of a reference point)
 COLUMNS: list[tuple[str, Callable[[Row], str], Callable[[Row], str]]] = [
     ("Nodes", lambda r: _number("d")(r.get("nodes")), lambda ref: str(ref["nodes"])),
+    # What trained (results.json): a reference point stands only beside runs of its own model and device.
+    ("Model", lambda r: r.get("model") or "-", lambda ref: ref.get("model") or "-"),
+    ("Device", lambda r: device_label(r.get("device")) or "-", lambda ref: device_label(ref.get("device")) or "-"),
     ("World size", lambda r: _number("d")(r.get("world_size")), lambda ref: "-"),
     ("Global batch", lambda r: _number(",d")(r.get("global_batch")), lambda ref: "-"),
     ("Avg seq/s", lambda r: _number(",.1f")(r.get("average_throughput_seq_per_s")),
@@ -58,8 +63,9 @@ def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def summary(report: Mapping[str, Any]) -> str:
     mode = f"{report['scaling_mode']} scaling" if report.get("scaling_mode") else "scaling mode unknown"
-    text = (f"Sweep `{report['sweep_id']}` of `{report['source_dag_id']}`: {mode} on "
-            f"{report.get('instance_type') or 'an unknown instance type'}, points {report.get('points')}; "
+    what = trained(report.get("model"), report.get("device")) or "no run's results yet"
+    text = (f"Sweep `{report['sweep_id']}` of `{report['source_dag_id']}`: {mode} of {what}, on "
+            f"{report.get('instance_type') or 'an unknown instance type'} nodes, points {report.get('points')}; "
             f"generated {report['generated_at']}.")
     return text + (" **Partial**: not every point has finished." if report.get("partial") else "")
 

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ultracluster.report import hardware
 from ultracluster.report.records import chosen_run, point_nodes
 from ultracluster.run.clock import minutes_between
 from ultracluster.run.cost import run_cost
@@ -50,7 +51,7 @@ _EMPTY = dict.fromkeys((
     "world_size", "global_batch", "average_throughput_seq_per_s", "peak_throughput_seq_per_s",
     "time_to_train_min", "time_to_train_extrapolated", "final_loss", "efficiency", "cluster_wall_min",
     "idle_fleet_min", "idle_before_train_min", "idle_after_train_min", "node_hours", "cost_usd",
-    "cost_basis", "cost", "run_id", "instance_type", "scaling_mode"))
+    "cost_basis", "cost", "run_id", "instance_type", "scaling_mode", "model", "device"))
 
 
 def _row(index: int | None, nodes: int | None, runs: list[dict[str, Any]], prices: Mapping[str, Any]) -> dict:
@@ -130,26 +131,32 @@ def make_report(sweep_id: str, source_dag_id: str, sweep_points: Sequence[int],
     mode, mixed_modes = sweep_scaling_mode(records)
     instance_type, mixed_types = _common(r.get("instance_type") for r in rows if r["status"] == "success")
     instance_type = instance_type or _common(r.get("instance_type") for r in rows)[0]
+    # What really trained, as the runs' results.json say (none before a run has results).
+    model, mixed_models = _common(r.get("model") for r in rows)
+    device, mixed_devices = _common(r.get("device") for r in rows)
     baseline = min((r["nodes"] for r in rows if r["efficiency"] is not None), default=None)
     notes = []
     if mixed_modes:
         notes.append("the runs used different scaling modes: no efficiency computed")
     if mixed_types:
         notes.append("the successful runs used different instance types")
+    mixed = [what for what, differ in (("model", mixed_models), ("device", mixed_devices)) if differ]
+    notes += hardware.notes(prices, model, device, instance_type, mixed=mixed)
     return {
-        "title": f"BERT-Large scaling on Trn1: sweep {sweep_id}",
+        "title": hardware.title(sweep_id, model, device),
         "sweep_id": sweep_id,
         "source_dag_id": source_dag_id,
         "generated_at": (generated_at or datetime.now(timezone.utc)).isoformat(),
         "partial": partial,
         "scaling_mode": mode,
         "instance_type": instance_type,
+        "model": model,
+        "device": device,
         "points": [int(n) for n in sweep_points],
         "baseline_nodes": baseline,
         "efficiency_formula": EFFICIENCY_FORMULAS.get(mode or ""),
         "rows": rows,
-        "references": [dict(ref) for ref in prices.get("references") or []
-                       if instance_type and ref.get("instance_type") == instance_type],
+        "references": hardware.references(prices, model, device, instance_type),
         "pending": pending(rows),
         "notes": notes,
         "prices": {"source": prices.get("source"), "as_of": prices.get("as_of"), "file": prices.get("file")},

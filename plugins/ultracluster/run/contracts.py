@@ -55,6 +55,25 @@ def _param(parameters: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
+def model_name(parameters: Mapping[str, Any]) -> str | None:
+    """The model a run trained, as results.json's "Model" names it without its details:
+    ``BERT-tiny (BertForPreTraining, MLM+NSP)`` -> ``BERT-tiny``."""
+    model = str(_param(parameters, "Model") or "").split(" (", 1)[0].strip()
+    return model or None
+
+
+def device_of(parameters: Mapping[str, Any]) -> str | None:
+    """What trained: results.json's "Device" (``cpu``, ``cuda``, ``xla``); for XLA with the PJRT
+    device torch-xla ran on (its ``PJRT_DEVICE``, recorded with the environment), as ``xla:NEURON``
+    on Trainium or ``xla:CPU`` on torch-xla's CPU runtime."""
+    kind = str(_param(parameters, "Device") or "").strip().lower()
+    if kind != "xla":
+        return kind or None
+    env = _param(parameters, "Environment variables")
+    pjrt = str((env if isinstance(env, Mapping) else {}).get("PJRT_DEVICE") or "")
+    return f"xla:{pjrt.split('_')[0].upper()}" if pjrt else "xla"
+
+
 def _int(value: Any) -> int | None:
     try:
         return int(float(value))
@@ -116,6 +135,8 @@ def extract_metrics(
         "steps": steps,
         "time_to_train_extrapolated": extrapolated,
         "sweep": parameters.get("Sweep"),
+        "model": model_name(parameters),
+        "device": device_of(parameters),
     }
 
 

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ultracluster.run.errors import problem_list
 from ultracluster.run.profiles import include_dir
 
 VERSIONS_FILE = "neuron-versions.env"
@@ -110,7 +111,7 @@ def unpinned(versions: dict[str, str]) -> list[str]:
 def check_pinned(versions: dict[str, str]) -> None:
     problems = unpinned(versions)
     if problems:
-        raise VersionsError("Unpinned specs in the Neuron versions (exact versions only):\n- " + "\n- ".join(problems))
+        raise VersionsError(problem_list("Unpinned specs in the Neuron versions (exact versions only)", problems))
 
 
 def pins_digest(versions: dict[str, str]) -> str:

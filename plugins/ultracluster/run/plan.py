@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ultracluster.run.capacity import plan_capacity_problems
-from ultracluster.run.errors import ConfigValidationError
+from ultracluster.run.errors import ConfigValidationError, problem_list
 from ultracluster.run.form import MAX_QUEUES, TRAINING_QUEUE
 from ultracluster.run.names import CLUSTER_NAME_PATTERN
 from ultracluster.run.s3 import split_s3_uri
@@ -91,7 +91,7 @@ def validate_plan(params: dict[str, Any]) -> None:
     """``plan_problems`` as one error listing every problem."""
     problems = plan_problems(params)
     if problems:
-        raise ConfigValidationError("Invalid run configuration:\n- " + "\n- ".join(problems))
+        raise ConfigValidationError(problem_list("Invalid run configuration", problems))
 
 
 def run_plan(params: dict[str, Any], logical_date: datetime | None, period: timedelta) -> dict[str, Any]:

@@ -4,7 +4,9 @@ A sweep is ``{"id", "num_nodes": [points], "scaling_mode"}`` in the ``sweep`` pa
 one point:
 - named explicitly (fan-out: manual and REST runs): ``"point": {"num_nodes": 4}``;
 - or picked from its logical date (backfills): the index of the schedule tick since ``ORIGIN``,
-  modulo the number of points. Any ``len(num_nodes)`` consecutive ticks cover every point once.
+  modulo the number of points. Any ``len(num_nodes)`` consecutive ticks cover every point once,
+  from whichever point the first tick falls on: the Task SDK (Airflow 3.3) tells a run its
+  ``run_type`` but not its backfill or the backfill's ``from_date``, so a run cannot count from there.
 
 The sweep index: preflight writes one entry per run of a sweep (``write_index_entry``) at
 ``<artifacts>/sweeps/<dag_id>/<sweep_id>/runs/<run slug>.json``; the report, the network holder and
