@@ -39,7 +39,11 @@ USER airflow
 # one: the package registers itself, and loading it from a folder as well would load it twice.
 COPY --chown=airflow:0 include/ /opt/ultracluster/include/
 COPY --chown=airflow:0 dags/ /opt/ultracluster/dags/
-ENV ULTRACLUSTER_INCLUDE_DIR=/opt/ultracluster/include \
+# The commit trn1_build_image tags the node image with (the image has no .git):
+# docker compose build --build-arg ULTRACLUSTER_COMMIT=$(git rev-parse HEAD)
+ARG ULTRACLUSTER_COMMIT=""
+ENV ULTRACLUSTER_COMMIT=${ULTRACLUSTER_COMMIT} \
+    ULTRACLUSTER_INCLUDE_DIR=/opt/ultracluster/include \
     AIRFLOW__CORE__DAGS_FOLDER=/opt/ultracluster/dags \
     AIRFLOW__CORE__PLUGINS_FOLDER=/opt/airflow/plugins \
     AIRFLOW__CORE__LOAD_EXAMPLES=False

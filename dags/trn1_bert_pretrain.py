@@ -149,6 +149,10 @@ with DAG(
         require_permissions_boundary=PROFILE.get("require_permissions_boundary", True) is not False,
         node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
         pcluster_conn_id=PCLUSTER_CONN_ID,  # where an existing cluster is checked
+        # The compute nodes' image: the run's custom_ami, else what trn1_build_image recorded here; none
+        # only where the deployment installs Neuron at boot.
+        node_image_parameter=PROFILE.get("node_image_parameter") or None,
+        install_neuron_at_boot=PROFILE.get("install_neuron_at_boot") is True,
     )
 
     create_vpc = CreateVpcStackOperator(
@@ -176,7 +180,8 @@ with DAG(
         region_name="{{ params.region }}",
         key_name="{{ params.key_name }}",
         image_os="{{ params.image_os }}",
-        custom_ami="{{ params.custom_ami }}",
+        custom_ami="{{ plan(ti).custom_ami }}",  # the node image preflight checked
+        install_neuron_at_boot="{{ plan(ti).install_neuron_at_boot }}",
         log_retention_days="{{ params.log_retention_days }}",
         head_node_instance_type="{{ params.head_node_instance_type }}",
         instance_type="{{ params.instance_type }}",

@@ -6,6 +6,7 @@ objects (tests/integration/test_pcluster_role_policy.py sets one up):
 
     .venvs/pcluster/bin/python scripts/pcluster_synth.py CONFIG.yaml --cluster-name NAME --out OUT.json \
         [--suppress-validators type:X ...]
+    .venvs/pcluster/bin/python scripts/pcluster_synth.py IMAGE-CONFIG.yaml --image-id ID --out OUT.json
 
 It runs ``pcluster.models.cluster.Cluster(name, config).create()``, the code behind `pcluster
 create-cluster`: the config's validators, the cluster bucket and its uploads, and the CDK synthesis
@@ -14,6 +15,12 @@ create-cluster`: the config's validators, the cluster bucket and its uploads, an
 whose deny-without-TLS moto's plain HTTP would meet). OUT.json holds ``{"pclusterVersion", "stackName",
 "template", "nestedTemplates": {asset id: template}, "createStack": {its parameters}, "awsCalls":
 [{"service", "operation", "params"}]}``: the calls the CLI made itself, in order.
+
+With ``--image-id`` it does the same for `pcluster build-image`: ``pcluster.models.imagebuilder.
+ImageBuilder(image_id, config).create()`` (the image's validators, the bucket, the CDK synthesis of the
+image's build stack, ``CDKTemplateBuilder.build_imagebuilder_template``), its ``CreateStack`` answered
+here. The controller's step before it, the account's build-image cleanup role, is not run: with a
+permissions boundary the configuration names its own (``Build.Iam.CleanupLambdaRole``).
 """
 from __future__ import annotations
 
@@ -55,6 +62,16 @@ def _record_calls(calls: list[dict], create_stack: dict) -> None:
             create_stack.update(api_params)
             region = client.meta.region_name
             return {"StackId": f"arn:aws:cloudformation:{region}:000000000000:stack/{api_params['StackName']}/synth"}
+        if (service, operation_name) == ("cloudformation", "DescribeStacks") and create_stack \
+                and api_params.get("StackName") == create_stack["StackName"]:
+            # build-image reads back the stack it just created (answered here: it never was).
+            import datetime
+
+            return {"Stacks": [{"StackName": create_stack["StackName"], "StackStatus": "CREATE_IN_PROGRESS",
+                                "StackId": f"arn:aws:cloudformation:{client.meta.region_name}:000000000000:stack/"
+                                           f"{create_stack['StackName']}/synth",
+                                "CreationTime": datetime.datetime.now(datetime.timezone.utc),
+                                "Tags": create_stack.get("Tags") or []}]}
         if (service, operation_name) == ("s3", "PutBucketPolicy"):
             # The cluster bucket's policy denies requests without TLS (aws:SecureTransport), and moto,
             # which serves plain HTTP and judges bucket policies, would then refuse every later call.
@@ -96,10 +113,29 @@ def synthesize(config_text: str, cluster_name: str, suppress_validators: list[st
             "createStack": {k: v for k, v in create_stack.items() if k != "TemplateBody"}, "awsCalls": calls}
 
 
+def synthesize_image(config_text: str, image_id: str) -> dict[str, Any]:
+    from pcluster.models.imagebuilder import ImageBuilder
+    from pcluster.utils import get_installed_version
+    from pcluster.validators.common import FailureLevel
+
+    calls: list[dict] = []
+    create_stack: dict[str, Any] = {}
+    _record_calls(calls, create_stack)
+    builder = ImageBuilder(image_id=image_id, config=config_text)
+    builder.create(disable_rollback=True, validator_suppressors=set(), validation_failure_level=FailureLevel.ERROR)
+    if not create_stack:
+        raise RuntimeError("pcluster returned without calling CloudFormation CreateStack")
+    return {"pclusterVersion": get_installed_version(), "stackName": create_stack["StackName"],
+            "template": builder.template_body, "nestedTemplates": {},
+            "createStack": {k: v for k, v in create_stack.items() if k != "TemplateBody"}, "awsCalls": calls}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="cluster config YAML")
-    parser.add_argument("--cluster-name", required=True)
+    names = parser.add_mutually_exclusive_group(required=True)
+    names.add_argument("--cluster-name")
+    names.add_argument("--image-id", help="a build-image configuration: synthesize the image's build stack")
     parser.add_argument("--out", required=True, help="where the JSON result goes")
     parser.add_argument("--suppress-validators", nargs="*", default=[], help="as `pcluster create-cluster`'s")
     args = parser.parse_args(argv)
@@ -107,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     if not endpoint.startswith(("http://127.", "http://localhost")):
         parser.error("AWS_ENDPOINT_URL must name a loopback moto server: this never reaches an AWS account")
     _loopback_only()
-    from pcluster.models.cluster import ConfigValidationError
-
     with open(args.config, encoding="utf-8") as handle:
         try:
-            result = synthesize(handle.read(), args.cluster_name, args.suppress_validators)
-        except ConfigValidationError as err:
-            for failure in err.validation_failures or []:
+            if args.image_id:
+                result = synthesize_image(handle.read(), args.image_id)
+            else:
+                result = synthesize(handle.read(), args.cluster_name, args.suppress_validators)
+        except Exception as err:  # a cluster's or an image's refusal: its validators' findings first
+            for failure in getattr(err, "validation_failures", None) or []:
                 print(f"{failure.level.name} {failure.validator_type}: {failure.message}", file=sys.stderr)
             raise
     with open(args.out, "w", encoding="utf-8") as handle:

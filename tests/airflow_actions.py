@@ -50,6 +50,12 @@ NOT_IN_A_LOCAL_RUN: dict[tuple[str, str], str] = {
     ("StsAssumeThePclusterRoleThePclusterDefaultConnectionRunsAs", "sts:AssumeRole"):
         "production only: the pcluster CLI assumes ultracluster-pcluster through the pcluster_default "
         "connection's AWS config profile; the local stand-in runs with the local cluster's own keys",
+    ("SsmTheNodeImageParameterPreflightReadsAndTrn1BuildImageWrites", "ssm:PutParameter"):
+        "the trn1_build_image DAG records the image it built (operators/node_image_records.py; "
+        "tests/e2e/test_node_image_e2e.py)",
+    (EC2_SIDS[0], "ec2:DescribeImages"):
+        "preflight reads the node image's Neuron tags only when the profile's parameter or custom_ami names one "
+        "(operators/image_checks.py; the enforced run's moto holds none), and trn1_build_image's record_image",
     ("ResourceGroupsListACapacityReservationGroupsReservations", "resource-groups:ListGroupResources"):
         "preflight, with capacity_reservation_group_arn only; moto 5.2.5 routes no ListGroupResources "
         "(tests/integration/test_capacity_checks.py answers it with a botocore Stubber)",

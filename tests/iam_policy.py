@@ -25,23 +25,36 @@ AIRFLOW_POLICY = POLICY_DIR / "airflow-policy.json"
 PCLUSTER_POLICY = POLICY_DIR / "pcluster-role-policy.json"
 BOUNDARY_POLICY = POLICY_DIR / "pcluster-permissions-boundary.json"
 NODE_KMS_POLICY = POLICY_DIR / "node-kms-policy.json"
+# The pcluster role's second policy (a managed one): what image builds need.
+IMAGE_BUILD_POLICY = POLICY_DIR / "pcluster-image-build-policy.json"
+# The image builds' cleanup role (Build.Iam.CleanupLambdaRole): ParallelCluster's own inline policy.
+IMAGE_CLEANUP_POLICY = POLICY_DIR / "image-cleanup-role-policy.json"
 PLACEHOLDER = re.compile(r"<[a-z0-9-]+>")
 
-# The AWS managed policies the cluster's roles get, and the actions the boundary must leave them (AWS
-# Managed Policy Reference Guide). ParallelCluster attaches CloudWatchAgentServerPolicy (the CloudWatch
-# agent: all of it); the config AmazonSSMManagedInstanceCore to the head node, of which the boundary leaves
-# what SSM Session Manager needs (its "minimum instance permissions"): State Manager, Run Command,
-# inventory and patching are capped on purpose. test_iam_policy checks both against moto's copy of the
-# policies.
+# The AWS managed policies the roles pcluster creates get, and the actions the boundary must leave them
+# (AWS Managed Policy Reference Guide). ParallelCluster attaches CloudWatchAgentServerPolicy to the nodes
+# (the CloudWatch agent: all of it); the config AmazonSSMManagedInstanceCore to the head node (SSM Session
+# Manager); a node image's build instance gets EC2InstanceProfileForImageBuilder and
+# AmazonSSMManagedInstanceCore, whose Run Command is how Image Builder runs its components (EC2 Image
+# Builder User Guide, "Using managed policies for EC2 Image Builder"; its kms:Decrypt only for components
+# Image Builder encrypted). test_iam_policy checks them against moto's copy of the policies.
 MANAGED_POLICY_ACTIONS = {
     "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy": (
         "cloudwatch:PutMetricData", "ec2:DescribeVolumes", "ec2:DescribeTags", "logs:PutLogEvents",
         "logs:PutRetentionPolicy", "logs:DescribeLogStreams", "logs:DescribeLogGroups", "logs:CreateLogStream",
         "logs:CreateLogGroup", "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules",
         "xray:GetSamplingTargets", "xray:GetSamplingStatisticSummaries", "ssm:GetParameter"),
+    "arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder": (
+        "imagebuilder:GetComponent", "kms:Decrypt", "s3:GetObject", "logs:CreateLogStream", "logs:CreateLogGroup",
+        "logs:PutLogEvents"),
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore": (
-        "ssm:UpdateInstanceInformation", "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel",
-        "ssmmessages:OpenControlChannel", "ssmmessages:OpenDataChannel"),
+        "ssm:DescribeAssociation", "ssm:GetDeployablePatchSnapshotForInstance", "ssm:GetDocument",
+        "ssm:DescribeDocument", "ssm:GetManifest", "ssm:GetParameter", "ssm:GetParameters", "ssm:ListAssociations",
+        "ssm:ListInstanceAssociations", "ssm:PutInventory", "ssm:PutComplianceItems", "ssm:PutConfigurePackageResult",
+        "ssm:UpdateAssociationStatus", "ssm:UpdateInstanceAssociationStatus", "ssm:UpdateInstanceInformation",
+        "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel",
+        "ssmmessages:OpenDataChannel", "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage",
+        "ec2messages:FailMessage", "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply"),
 }
 
 # IAM prefix of a botocore service name, where they differ.
@@ -120,6 +133,8 @@ def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tupl
             return [(f"cloudformation:{operation}", f"arn:aws:cloudformation:{region}:{account}:stack/*")]
         arn = name if name.startswith("arn:") else f"arn:aws:cloudformation:{region}:{account}:stack/{name}/id"
         return [(f"cloudformation:{operation}", arn)]
+    if service == "ssm" and params.get("Name"):
+        return [(f"ssm:{operation}", f"arn:aws:ssm:{region}:{account}:parameter/{params['Name'].lstrip('/')}")]
     if service == "service-quotas" and params.get("ServiceCode"):
         return [(f"{prefix}:{operation}",
                  f"arn:aws:servicequotas:{region}:{account}:{params['ServiceCode']}/{params.get('QuotaCode', '')}")]
@@ -222,3 +237,9 @@ def reference_problems(policy: Mapping[str, Any]) -> list[str]:
                     if not any(_matches(re.sub(r"\$\{[A-Za-z]+\}", "*", t), key, case_sensitive=False) for t in taken):
                         problems.append(f"{sid}: {service}:{each} takes no condition key {key}")
     return problems
+
+
+def pcluster_role(values: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the pcluster role may do: its inline policy and its image-build managed policy, rendered."""
+    inline, builds = (render_policy(path.read_text(), values) for path in (PCLUSTER_POLICY, IMAGE_BUILD_POLICY))
+    return {"Version": inline["Version"], "Statement": inline["Statement"] + builds["Statement"]}

@@ -138,6 +138,23 @@ UNUSED: tuple[Unused, ...] = (
        "vpc-lattice:DescribeServiceNetworkVpcEndpointAssociation", "ServiceNetworkArn",
        "an endpoint into a VPC Lattice service network (vpc.yaml's is an S3 gateway endpoint)"),
     _u("AWS::EC2::VPCEndpoint", "vpce:AllowMultiRegion", "ServiceRegion", "an endpoint to another region's service"),
+    # The node image's build stack (pcluster build-image; tests/integration/test_pcluster_image_policy.py).
+    _u("AWS::ImageBuilder::Image", "ecr:BatchGetRepositoryScanningConfiguration inspector2:BatchGetAccountStatus",
+       "ImageScanningConfiguration", "image scanning with Inspector"),
+    _u("AWS::ImageBuilder::Image", "imagebuilder:GetContainerRecipe", "ContainerRecipeArn", "container images"),
+    _u("AWS::ImageBuilder::Image", "imagebuilder:GetWorkflow", "Workflows", "custom build workflows"),
+    _u("AWS::ImageBuilder::Image", "imagebuilder:StartImagePipelineExecution", "ImagePipelineExecutionSettings",
+       "an image pipeline's execution"),
+    _u("AWS::ImageBuilder::Component", "kms:GenerateDataKey kms:GenerateDataKeyPair "
+       "kms:GenerateDataKeyPairWithoutPlaintext kms:GenerateDataKeyWithoutPlaintext kms:Encrypt kms:Decrypt",
+       "KmsKeyId", "a component encrypted with a KMS key"),
+    _u("AWS::ImageBuilder::Component", "s3:HeadBucket", "Uri",
+       "a component document in S3 (the stack's carry theirs inline, in Data); no IAM action either"),
+    _u("AWS::SNS::Topic", "sns:PutDataProtectionPolicy", "DataProtectionPolicy", "a data protection policy"),
+    # Nested in Distributions[] (LaunchTemplateConfigurations, SsmParameterConfigurations), which the
+    # image policy test checks are absent: no top-level property to name.
+    _u("AWS::ImageBuilder::DistributionConfiguration", "ec2:CreateLaunchTemplateVersion ec2:ModifyLaunchTemplate "
+       "ssm:GetParameter", "", "launch template and SSM parameter distribution, in Distributions[]"),
 )
 
 

@@ -19,9 +19,11 @@
 #   3. the Neuron PyTorch venv at $NEURON_VENV with the pinned pip packages (torch-neuronx, torch,
 #      torch-xla, neuronx-cc, transformers, h5py), whose installed versions are then checked
 #      (training_python in the production profile points at $NEURON_VENV/bin/python).
-# A compute node whose image already holds the pinned stack installs nothing: a custom AMI built
-# with the same rendered script (a pcluster build-image component: no cfnconfig there, or
-# `--image`) carries an image marker with the same stamp (`--stamp` prints it). The head node (no
+# A compute node whose image already holds the pinned stack installs nothing: the node image built
+# with the same rendered script (trn1_build_image's pcluster build-image component: no cfnconfig
+# there, or `--image`) carries an image marker with the same stamp (`--stamp` prints it). Any other
+# compute node installs at boot only where the rendered NEURON_INSTALL_AT_BOOT is true (the profile's
+# install_neuron_at_boot opt-in); otherwise it fails, naming the image to build. The head node (no
 # Neuron device, runs no training) gets nothing but the marker.
 #
 # A non-zero exit makes ParallelCluster report OnNodeConfiguredExecutionFailure for the node.
@@ -32,6 +34,7 @@ set -euo pipefail
 # @VERSIONS@
 # END VERSIONS
 : "${NEURON_RELEASE:?versions not rendered: upload the copy render_config makes (python -m ultracluster.run.neuron_versions render)}"
+: "${NEURON_INSTALL_AT_BOOT:?not rendered: upload the copy render_config makes}"
 
 NEURON_VENV=/opt/aws_neuron_venv_pytorch
 NEURON_APT_REPO=https://apt.repos.neuron.amazonaws.com
@@ -93,7 +96,8 @@ resolve_apt_spec() {
     local name=${1%%=*} want=${1#*=} full
     full=$(apt-cache madison "${name}" | awk -v w="${want}" '$3 == w || index($3, w "-") == 1 {print $3; exit}')
     if [[ -z ${full} ]]; then
-        log "error: ${name} ${want} (Neuron ${NEURON_RELEASE}) is not in the apt repositories"
+        # To stderr: the caller captures stdout (the resolved spec).
+        log "error: ${name} ${want} (Neuron ${NEURON_RELEASE}) is not in the apt repositories" >&2
         return 1
     fi
     echo "${name}=${full}"
@@ -214,6 +218,10 @@ main() {
         image=$(read_marker "${IMAGE_MARKER}")
         if [[ ${image} == "$(stamp)" ]]; then
             log "the image already holds Neuron ${NEURON_RELEASE} with these pins (${IMAGE_MARKER}); nothing to install"
+        elif [[ ${NEURON_INSTALL_AT_BOOT} != true ]]; then
+            log "error: the image holds ${image:-no Neuron stack}, pinned is $(stamp), and this cluster does not" \
+                "install Neuron at boot (install_neuron_at_boot): run on the node image trn1_build_image builds"
+            return 1
         else
             if [[ -n ${image} ]]; then
                 log "the image holds ${image}, pinned is $(stamp): installing the pinned stack"

@@ -1,4 +1,5 @@
-"""`pcluster`: the ParallelCluster v3 CLI subset the project uses, backed by the local UltraCluster.
+"""`pcluster`: the ParallelCluster v3 CLI subset the project uses, backed by the local UltraCluster
+(the image verbs: images.py).
 
 Output mirrors pcluster 3.16.1: JSON (indent 2) on stdout and exit 0; an error is JSON with a
 "message" and exit 1; argparse usage errors exit 2 with usage on stderr, as pcluster's argparse does.
@@ -8,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -18,7 +18,7 @@ from typing import Any
 import jmespath
 from botocore.exceptions import BotoCoreError, EndpointConnectionError
 
-from . import cluster_logs, shapes, state, validate
+from . import cluster_logs, images, shapes, state, validate
 from .cli_args import (
     SUPPRESS_PATTERN,
     Failure,
@@ -27,13 +27,13 @@ from .cli_args import (
     _boolean,
     _file_text,
     _matching,
+    resolve_region as _region,
 )
 from .aws import FAKE_CREDENTIALS, Aws, LogGroupExists, NotLoopback, region_from_env
 from .spec import ClusterSpec, default_user
 from .spec_builder import build_spec, config_tags, fault_findings
 from .worker import spawn, worker_alive
 
-REGION_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 FLEET_REQUESTS = ("START_REQUESTED", "STOP_REQUESTED", "ENABLED", "DISABLED")
 DRYRUN_MESSAGE = "Request would have succeeded, but DryRun flag is set."
 UNEXPECTED = ("Unexpected fatal exception. Please look at the application logs for details on the "
@@ -41,15 +41,6 @@ UNEXPECTED = ("Unexpected fatal exception. Please look at the application logs f
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-def _region(explicit: str | None, config_region: str | None = None) -> str:
-    if explicit and config_region and explicit != config_region:
-        raise Failure("Bad Request: region is set in both parameter and configuration and conflicts.")
-    region = explicit or config_region or region_from_env()
-    if not REGION_PATTERN.match(region):
-        raise Failure(f"Bad Request: invalid or unsupported region '{region}'")
-    return region
-
 
 def _read_state(name: str, any_region: bool = False) -> dict[str, Any] | None:
     """The cluster's state, or None; like pcluster, a cluster exists only in its own region."""
@@ -333,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--status", required=True, choices=FLEET_REQUESTS)
 
     cluster_logs.add_commands(command, _add_name, cluster_logs_command, partial(_boolean, "start-from-head"))
+    images.add_commands(command, partial(_matching, images.IMAGE_ID_PATTERN, "imageId"),
+                        partial(_file_text, "image-configuration"), partial(_matching, SUPPRESS_PATTERN,
+                        "suppress-validators"), lambda name: partial(_boolean, name))
     command("version", version, "Displays the version of AWS ParallelCluster.", region=False)
     return parser
 

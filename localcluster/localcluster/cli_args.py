@@ -11,6 +11,9 @@ CLUSTER_NAME_PATTERN = "^[a-zA-Z][a-zA-Z0-9-]+$"
 SUPPRESS_PATTERN = "^(ALL|type:[A-Za-z0-9]+)$"
 
 
+REGION_PATTERN = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+
+
 class Failure(Exception):
     """Print payload as JSON and exit 1."""
 
@@ -53,3 +56,15 @@ def _add_common(sub: argparse.ArgumentParser, region: bool = True) -> None:
 def _add_name(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("-n", "--cluster-name", required=True, type=partial(_matching, CLUSTER_NAME_PATTERN,
                      "cluster-name"), help="Name of the cluster")
+
+
+def resolve_region(explicit: str | None, config_region: str | None = None) -> str:
+    """The command's region: --region, else the configuration's Region, else the environment's."""
+    from .aws import region_from_env
+
+    if explicit and config_region and explicit != config_region:
+        raise Failure("Bad Request: region is set in both parameter and configuration and conflicts.")
+    region = explicit or config_region or region_from_env()
+    if not REGION_PATTERN.match(region):
+        raise Failure(f"Bad Request: invalid or unsupported region '{region}'")
+    return region

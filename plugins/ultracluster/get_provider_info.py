@@ -21,7 +21,8 @@ def get_provider_info() -> dict:
         ],
         "operators": [
             {"integration-name": _PCLUSTER, "python-modules": [
-                "ultracluster.operators.vpc", "ultracluster.operators.cluster_config", "ultracluster.operators.pcluster"]},
+                "ultracluster.operators.vpc", "ultracluster.operators.cluster_config", "ultracluster.operators.pcluster",
+                "ultracluster.operators.node_image", "ultracluster.operators.node_image_records"]},
             {"integration-name": _SLURM, "python-modules": [
                 "ultracluster.operators.dataset", "ultracluster.operators.slurm", "ultracluster.operators.results",
                 "ultracluster.operators.checkpoint", "ultracluster.operators.failure_artifacts"]},
@@ -29,14 +30,15 @@ def get_provider_info() -> dict:
         "sensors": [{"integration-name": _PCLUSTER, "python-modules": ["ultracluster.sensors.fleet"]}],
         "hooks": [
             {"integration-name": _PCLUSTER, "python-modules": [
-                "ultracluster.hooks.parallelcluster", "ultracluster.hooks.network_stack"]},
+                "ultracluster.hooks.parallelcluster", "ultracluster.hooks.network_stack",
+                "ultracluster.hooks.node_image"]},
             {"integration-name": _SLURM, "python-modules": [
                 "ultracluster.hooks.head_node", "ultracluster.hooks.slurm"]},
         ],
         "triggers": [
             {"integration-name": _PCLUSTER, "python-modules": [
                 "ultracluster.triggers.pcluster", "ultracluster.triggers.cloud_formation",
-                "ultracluster.triggers.fleet"]},
+                "ultracluster.triggers.fleet", "ultracluster.triggers.image"]},
             {"integration-name": _SLURM, "python-modules": ["ultracluster.triggers.slurm"]},
         ],
         "extra-links": [

@@ -118,9 +118,10 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             type="string", minLength=1),
         "custom_ami": _param(
             optional(p["custom_ami"]), "Pre-built image (AMI)", CLUSTER,
-            "Optional: an AMI built with pcluster build-image (include/cluster/image-config.yaml) that "
-            "already holds the pinned Neuron release, so nodes skip the install at boot. It must match "
-            "'Node OS'. Empty: ParallelCluster's own image, Neuron installed on every boot.",
+            "Optional: the training nodes' image (Image.CustomAmi of the training queue), an AMI the "
+            "trn1_build_image DAG built with the pinned Neuron release; preflight refuses one whose Neuron "
+            "tags differ. It must match 'Node OS'. Empty: the image the deployment recorded (its "
+            "node_image_parameter), else, where the deployment allows it, Neuron installed at every boot.",
             type=["null", "string"], pattern=AMI_ID_PATTERN),
         "capacity_type": _param(
             p["capacity_type"], "Capacity type", CLUSTER,

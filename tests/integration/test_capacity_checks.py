@@ -41,7 +41,8 @@ def long_run(**changes) -> dict:
 def preflight(params: dict, deployment_cidr: str | None = load_profile("local")["head_node_ssh_cidr"]) -> dict:
     op = PreflightOperator(task_id="preflight", schedule_period=timedelta(days=7), artifacts_s3_uri=
                            "s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws", reservation_lead_s=LEAD_S,
-                           default_ssh_allowed_cidr=deployment_cidr, require_permissions_boundary=False)
+                           default_ssh_allowed_cidr=deployment_cidr, require_permissions_boundary=False,
+                           install_neuron_at_boot=True)
     return op.execute({"params": params, "run_id": "manual__capacity", "logical_date": None,
                        "dag": SimpleNamespace(dag_id="trn1_bert_pretrain")})
 

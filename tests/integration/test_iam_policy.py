@@ -19,6 +19,8 @@ from tests.iam_policy import (
     BOUNDARY_POLICY,
     MANAGED_POLICY_ACTIONS,
     NODE_KMS_POLICY,
+    IMAGE_BUILD_POLICY,
+    IMAGE_CLEANUP_POLICY,
     PCLUSTER_POLICY,
     PLACEHOLDER,
     POLICY_DIR,
@@ -35,6 +37,7 @@ from tests.iam_policy import (
 )
 from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
 from tests.pcluster_actions import unused_problems
+from tests.integration.test_pcluster_real_schema import pcluster_python  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[2]
 BOUNDARY_ARN = "arn:aws:iam::<account-id>:policy/ultracluster-pcluster-boundary"
@@ -109,10 +112,18 @@ def test_the_pcluster_role_policy_has_iams_shape_and_no_service_wide_grants():
     assert len(json.dumps(render_policy(PCLUSTER_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 10240
     _shape(json.loads(BOUNDARY_POLICY.read_text()))
     assert len(json.dumps(render_policy(BOUNDARY_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
+    # The image-build statements: the same rules, a managed policy's limit; no IAM but the service-linked role.
+    builds = json.loads(IMAGE_BUILD_POLICY.read_text())
+    _shape(builds)
+    for statement in builds["Statement"]:
+        assert all("*" not in a for a in statement["Action"]), statement["Sid"]
+        assert statement["Resource"] != "*" or "NoResourceLevelPermissions" in statement["Sid"], statement["Sid"]
+        assert all(a == "iam:CreateServiceLinkedRole" for a in statement["Action"] if a.startswith("iam:"))
+    assert len(json.dumps(render_policy(IMAGE_BUILD_POLICY.read_text(), VALUES), separators=(",", ":"))) <= 6144
 
 
-@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY, NODE_KMS_POLICY],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [AIRFLOW_POLICY, PCLUSTER_POLICY, BOUNDARY_POLICY, NODE_KMS_POLICY,
+                                  IMAGE_BUILD_POLICY, IMAGE_CLEANUP_POLICY], ids=lambda p: p.stem)
 def test_every_action_exists_takes_its_resources_and_its_condition_keys(path):
     """Against IAM's Service Authorization Reference: no unknown action, no action that has no
     resource-level permissions under named resources (never matched: denied in production), no
@@ -183,8 +194,8 @@ def test_the_managed_policies_actions_are_aws_own():
         assert set(actions) <= granted, (arn, set(actions) - granted)
     boundary = render_policy(BOUNDARY_POLICY.read_text(), VALUES)
     assert uncovered_actions(boundary, [a for actions in MANAGED_POLICY_ACTIONS.values() for a in actions]) == []
-    assert uncovered_actions(boundary, ["ssm:SendCommand", "ssm:GetDocument"]) == ["ssm:GetDocument",
-                                                                                 "ssm:SendCommand"]
+    assert uncovered_actions(boundary, ["ssm:SendCommand", "ssm:CreateAssociation"]) == [
+        "ssm:CreateAssociation", "ssm:SendCommand"]
 
 
 def test_a_role_without_the_boundary_cannot_be_created():
@@ -217,7 +228,10 @@ def test_the_cloudformation_template_creates_both_roles_from_the_policy_files():
     template = json.loads(text)
     roles = {r["Properties"]["RoleName"]: r["Properties"] for r in template["Resources"].values()
              if r["Type"] == "AWS::IAM::Role"}
-    assert set(roles) == {"ultracluster-airflow", "ultracluster-pcluster"}
+    assert set(roles) == {"ultracluster-airflow", "ultracluster-pcluster", "ultracluster-image-cleanup"}
+    # The image-build statements: a managed policy of the pcluster role (its inline policy is near IAM's limit).
+    assert roles["ultracluster-pcluster"]["ManagedPolicyArns"] == [{"Ref": "PclusterImageBuilds"}]
+    assert roles["ultracluster-image-cleanup"]["Path"] == "/parallelcluster/"  # the pcluster role may pass it
     trust = roles["ultracluster-pcluster"]["AssumeRolePolicyDocument"]["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"AWS": {"Fn::GetAtt": ["AirflowRole", "Arn"]}},
                       "Action": "sts:AssumeRole"}]
@@ -272,6 +286,11 @@ def test_the_pipelines_calls_are_allowed(policy):
         call("cloudformation", "DescribeStacks", StackName="uc-net-s1-manual-2026"),
         call("ec2", "DescribeInstances"),
         call("service-quotas", "GetServiceQuota", ServiceCode="ec2", QuotaCode="L-2C3B7624"),
+        # The node image: preflight reads the parameter and the AMI's tags, trn1_build_image writes it.
+        call("ssm", "GetParameter", Name="/ultracluster/node-image/trn1"),
+        call("ssm", "PutParameter", Name="/ultracluster/node-image/trn1"),
+        call("ec2", "DescribeImages"),
+        call("s3", "PutObject", Bucket="uc-artifacts", Key="runs/images/uc-neuron-2-28-0-x/image-setup.sh"),
     ]
     assert denials(policy, calls, "us-east-1", "123456789012") == []
 
@@ -287,6 +306,8 @@ def test_the_pipelines_calls_are_allowed(policy):
     call("ec2", "CreateVpc"),                  # only through CloudFormation (a Condition): never directly
     call("iam", "PassRole"),
     call("service-quotas", "GetServiceQuota", ServiceCode="ec2", QuotaCode="L-OTHER"),
+    call("ssm", "PutParameter", Name="/aws/service/ami-amazon-linux-latest/x"),  # only /ultracluster/ parameters
+    call("ssm", "DeleteParameter", Name="/ultracluster/node-image/trn1"),
 ])
 def test_anything_else_is_denied(policy, denied):
     region, account = ("eu-west-1", "123456789012") if denied["operation"] == "CreateStack" else ("us-east-1",
@@ -340,3 +361,25 @@ def test_the_recorder_logs_calls_and_presigned_urls_of_a_process(aws_conn, moto_
     log.unlink()
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     assert not log.exists()
+
+
+def test_the_image_cleanup_role_is_parallelclusters_own_but_for_its_condition_key(pcluster_python):
+    """include/cluster/iam/image-cleanup-role-policy.json is what the pinned aws-parallelcluster gives the
+    cleanup role it makes (imagebuilder_utils._expected_inline_policy), with one change: its DeleteStack
+    condition names cloudformation:ResourceTag/..., a key CloudFormation does not have (IAM's Service
+    Authorization Reference: DeleteStack takes aws:ResourceTag/${TagKey}), so it never matches and the
+    build stack would never be deleted; here it is aws:ResourceTag/parallelcluster:image_id."""
+    code = ("import json\nfrom pcluster.imagebuilder_utils import _expected_inline_policy\n"
+            "print(_expected_inline_policy('<account-id>', 'aws'))\n")
+    done = subprocess.run([str(pcluster_python), "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True)
+    theirs = json.loads(done.stdout)
+    ours = json.loads(IMAGE_CLEANUP_POLICY.read_text())
+    [delete_stack] = [s for s in theirs["Statement"] if s["Action"] == "cloudformation:DeleteStack"]
+    condition = delete_stack["Condition"]["ForAnyValue:StringLike"]
+    key = "parallelcluster:image_id"
+    condition[f"aws:ResourceTag/{key}"] = condition.pop(f"cloudformation:ResourceTag/{key}")
+    assert ours == theirs
+    assert reference_problems({"Statement": [dict(delete_stack, Sid="theirs", Condition={"ForAnyValue:StringLike": {
+        "cloudformation:ResourceTag/parallelcluster:image_id": "*"}})]}) == [
+        "theirs: cloudformation:DeleteStack takes no condition key cloudformation:ResourceTag/parallelcluster:image_id"]

@@ -145,6 +145,9 @@ CASES = {
         permissions_boundary_arn="arn:aws:iam::123456789012:policy/ultracluster-pcluster-boundary"),
     **{f"image_os_{os_name}": production(image_os=os_name) for os_name in IMAGE_OS},
     **{f"capacity_{name}": production(**changes) for name, changes in CAPACITY.items()},
+    # The node image (trn1_build_image's, or the run's custom_ami): the training queue's Image.CustomAmi.
+    "node_image": production(custom_ami="ami-0123456789abcdef0", extra_queues=[
+        {"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4}]),
     "ssh_prefix_list": production(ssh_allowed_cidr="pl-0123456789abcdef0"),
     "ssh_world_allowed": production(ssh_allowed_cidr=None, allow_world_ssh=True),
     # The node roles' KMS grant (run.node_iam): only a customer managed key adds the node KMS policy.
@@ -369,7 +372,7 @@ def real_hook(real_pcluster, moto_account, monkeypatch, tmp_path):
 def moto_config(moto_account: dict, mutate=None, **changes) -> str:
     """The production config (with ``changes``) for moto's network, and DevSettings that find the AMI made above."""
     config = yaml.safe_load(render(production(key_name=moto_account["key_name"], image_os="ubuntu2204",
-                                              custom_ami=None, **changes), moto_account["network"]))
+                                              **{"custom_ami": None, **changes}), moto_account["network"]))
     config["DevSettings"] = {"AmiSearchFilters": {"Owner": moto_account["account"]}}
     if mutate:
         mutate(config)

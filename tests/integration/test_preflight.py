@@ -34,12 +34,16 @@ def s3(aws_conn, moto_endpoint):
 
 
 def run(params: dict, *, weeks: int | None = 0, run_id: str = RUN_ID, max_cost_usd=None,
-        estimate_boot_time: bool = False, **deployment) -> dict:
+        estimate_boot_time: bool = False, install_neuron_at_boot: bool = True,
+        node_image_parameter: str | None = None, **deployment) -> dict:
+    """preflight as the local profile runs it (installs at boot; no node image parameter unless given)."""
     deployment.setdefault("require_permissions_boundary", False)  # the local profile's
     op = PreflightOperator(task_id="preflight", schedule_period=WEEK, max_cost_usd=max_cost_usd,
                            artifacts_s3_uri="s3://ultracluster-artifacts/runs", aws_conn_id="uc_test_aws",
                            estimate_boot_time=estimate_boot_time,
-                           default_ssh_allowed_cidr=load_profile("local")["head_node_ssh_cidr"], **deployment)
+                           default_ssh_allowed_cidr=load_profile("local")["head_node_ssh_cidr"],
+                           install_neuron_at_boot=install_neuron_at_boot, node_image_parameter=node_image_parameter,
+                           **deployment)
     context = {"params": params, "run_id": run_id, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
                "logical_date": None if weeks is None else ORIGIN + weeks * WEEK}
     return op.execute(context)
@@ -149,8 +153,9 @@ def test_a_boot_near_the_timeout_is_a_warning_not_a_failure(s3, capsys):
     assert warnings[0] in capsys.readouterr().out  # the task log's warning
 
 
-def test_a_prebuilt_image_boots_in_parallelclusters_own_time(s3):
-    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak", custom_ami="ami-0123456789abcdef0"), estimate_boot_time=True)
+def test_a_prebuilt_image_boots_in_parallelclusters_own_time(s3, node_image):
+    result = run(local(num_nodes=128, max_nodes=128, scaling_mode="weak", custom_ami=node_image()),
+                 estimate_boot_time=True)
     assert result["boot"]["row_set"] == "prebuilt_image" and result["boot"]["seconds"] == 288
     assert not any("boot estimate" in w for w in result["warnings"])
 
@@ -186,3 +191,84 @@ def test_a_customer_kms_key_needs_the_nodes_kms_policy(s3):
     with pytest.raises(AirflowFailException, match="node_kms_policy_arn: not set, but s3_kms_key_id"):
         run(local(), s3_encryption=KMS)
     assert run(local(), s3_encryption=KMS, node_kms_policy_arn="arn:aws:iam::123456789012:policy/uc-node-kms")["plan"]
+
+
+# --- the node image (docs/operations.md, "The node image") ----------------------------------------
+
+@pytest.fixture
+def node_image(moto_endpoint, request):
+    """Register AMIs in moto tagged as trn1_build_image tags them (the pinned stack unless told);
+    each is deregistered afterwards (the session's moto is shared)."""
+    import boto3
+
+    from ultracluster.run.neuron_versions import load_versions
+    from ultracluster.run.node_image import ami_tags
+
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    made: list[str] = []
+
+    def make(**overrides: str) -> str:
+        tags = {**ami_tags(load_versions(), "0123456789abcdef0123456789abcdef01234567", PARAMETER), **overrides}
+        ami = ec2.register_image(Name=f"uc-test-{len(made)}-{request.node.name[:40]}", Architecture="x86_64",
+                                 RootDeviceName="/dev/sda1", VirtualizationType="hvm")["ImageId"]
+        ec2.create_tags(Resources=[ami], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+        made.append(ami)
+        return ami
+
+    yield make
+    for ami in made:
+        ec2.deregister_image(ImageId=ami)
+
+
+# A parameter of these tests alone: the shared moto may hold the local profile's.
+PARAMETER = "/ultracluster/test/node-image"
+
+
+@pytest.fixture
+def ssm(moto_endpoint):
+    import boto3
+
+    client = boto3.client("ssm", endpoint_url=moto_endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    yield client
+    try:
+        client.delete_parameter(Name=PARAMETER)
+    except client.exceptions.ParameterNotFound:
+        pass
+
+
+def production_like(**kwargs) -> dict:
+    """preflight as the production profile runs it: the recorded image, no install at boot."""
+    return run(local(**kwargs.pop("changes", {})), install_neuron_at_boot=False, node_image_parameter=PARAMETER,
+               **kwargs)
+
+
+def test_the_recorded_node_image_is_the_runs(s3, ssm, node_image, capsys):
+    """The production way: the image trn1_build_image recorded, checked and planned, booting in
+    ParallelCluster's own time (which image a run gets and what is refused: test_node_image_records.py)."""
+    ami = node_image()
+    ssm.put_parameter(Name=PARAMETER, Value=ami, Type="String", DataType="aws:ec2:image")
+    result = production_like(estimate_boot_time=True)
+    assert result["plan"]["custom_ami"] == ami and result["plan"]["install_neuron_at_boot"] is False
+    assert result["boot"]["row_set"] == "prebuilt_image"  # 288 s: ParallelCluster's own start only
+    assert f"Node image {ami} (custom_ami (empty): the node image parameter {PARAMETER}): Neuron 2.28.0" in (
+        capsys.readouterr().out)
+
+
+def test_no_image_is_refused_unless_the_profile_installs_at_boot(s3, ssm, capsys):
+    with pytest.raises(AirflowFailException) as failed:
+        production_like()
+    assert str(failed.value) == (
+        "preflight found 1 problem, nothing was created:\n"
+        f"- custom_ami: no node image ({PARAMETER} holds none), and this deployment does not install Neuron at "
+        "boot (install_neuron_at_boot); build one: trigger the trn1_build_image DAG (it builds the pinned stack "
+        f"into an image and records it in {PARAMETER})")
+    # With the opt-in the nodes install at boot, and preflight sets the boot against the timeout.
+    result = run(local(num_nodes=16, max_nodes=16, scaling_mode="weak"), estimate_boot_time=True,
+                 install_neuron_at_boot=True, node_image_parameter=PARAMETER)
+    assert result["plan"]["custom_ami"] is None and result["plan"]["install_neuron_at_boot"] is True
+    assert result["boot"]["row_set"] == "install_at_boot" and result["boot"]["timeout_s"] == 2100
+    out = capsys.readouterr().out
+    assert f"No node image ({PARAMETER} holds none): compute nodes install Neuron 2.28.0 at boot" in out
+    assert "node boot estimate: 752 s for 16 × trn1.32xlarge" in out

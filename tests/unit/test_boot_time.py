@@ -144,13 +144,13 @@ def test_the_warning_line_is_70_percent_of_the_timeout(nodes, warns):
     warning = boot_warning(boot, TABLE["warn_at_share"]["value"])
     assert (warning is not None) == warns == (boot["seconds"] >= 0.7 * 2100)
     if warns:
-        assert warning.startswith("num_nodes: node boot estimate:") and "issue #24" in warning
+        assert warning.startswith("num_nodes: node boot estimate:") and "trigger trn1_build_image" in warning
 
 
 def test_a_prebuilt_image_warns_without_pointing_at_itself():
     boot = estimate(TABLE, instance_type="trn1.32xlarge", nodes=16, prebuilt=True)
     warning = boot_warning(boot, 0.1)
-    assert warning and "issue #24" not in warning
+    assert warning and "trn1_build_image" not in warning
 
 
 @pytest.mark.parametrize("num_nodes, min_nodes, expected", [(16, 0, 16), (16, 16, 16), (16, 4, 12), (16, 12, 12),

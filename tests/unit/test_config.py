@@ -186,6 +186,19 @@ def test_render_uploads_a_valid_seed_layout(s3):
     assert context["ti"].xcom["ultracluster_cluster_config"]["key"] == result["config_s3_key"]
 
 
+@pytest.mark.parametrize("opt_in", [False, True, "True"])
+def test_the_uploaded_script_installs_at_boot_only_with_the_opt_in(s3, opt_in):
+    """The plan's install_neuron_at_boot (the profile's opt-in, rendered as text by a template) reaches the
+    node script; without it a compute node lacking the node image fails instead of installing."""
+    params = load_profile("production")
+    result = render_op(params, install_neuron_at_boot=opt_in).execute(make_context(params))
+    key = result["on_node_configured_s3_uri"].split("/", 3)[3]
+    uploaded = s3.get_object(Bucket="ultracluster-artifacts", Key=key)["Body"].read().decode()
+    wanted = opt_in in (True, "True")
+    assert uploaded == render_on_node_configured(install_at_boot=wanted)
+    assert f"NEURON_INSTALL_AT_BOOT={'true' if wanted else 'false'}\n" in uploaded
+
+
 def test_render_multi_queue(s3):
     params = dict(load_profile("production"), extra_queues=[
         {"name": "small", "instance_type": "trn1.2xlarge", "max_nodes": 4},
@@ -207,8 +220,8 @@ def test_schema_violations_fail_before_anything_is_uploaded(s3):
     assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
 
 
-# Template context the operator adds for compute storage, log retention, the image and the roles' boundary.
-STORAGE_AND_LOGS = {"custom_ami": None, "log_retention_days": 14, "compute_root_volume_gib": 1024,
+# Template context the operator adds for compute storage, log retention and the roles' boundary.
+STORAGE_AND_LOGS = {"log_retention_days": 14, "compute_root_volume_gib": 1024,
                     "ephemeral_mount_dir": "/local_storage", "permissions_boundary": None,
                     "s3_access": [{"BucketName": "ultracluster-artifacts", "KeyName": "x/*"}],
                     "head_node_policies": [], "compute_policies": []}

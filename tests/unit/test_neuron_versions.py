@@ -21,11 +21,13 @@ from ultracluster.run.neuron_versions import (
     apt_specs,
     load_versions,
     parse_versions,
+    pins_digest,
     pip_specs,
     readme_block,
     render_on_node_configured,
     render_script,
     replace_readme_block,
+    stamp,
     unpinned,
 )
 from ultracluster.run.profiles import include_dir
@@ -212,8 +214,42 @@ def test_compute_node_on_an_image_with_the_pinned_release_installs_nothing(node)
     assert [c for c in node.calls() if not c.startswith("lspci")] == []  # lspci only looks for a device
 
 
-def test_compute_node_without_the_release_installs_and_a_failure_leaves_no_marker(node):
-    """An image of another release (or none) means an install; here the first installer stub fails it."""
+def test_compute_node_without_the_image_fails_unless_the_profile_installs_at_boot(node, versions):
+    """The default rendering (install_neuron_at_boot off): no image marker, or another release's, fails the
+    node at once, naming what to build, and installs nothing."""
+    assert "NEURON_INSTALL_AT_BOOT=false\n" in node.script.read_text()
+    for marker in (None, "neuron=2.27.1 pins=0123456789abcdef\n"):
+        if marker:
+            node.state.mkdir(exist_ok=True)
+            node.image_marker.write_text(marker)
+        result = node.run("ComputeFleet")
+        assert result.returncode == 1, result.stdout
+        assert "does not install Neuron at boot (install_neuron_at_boot)" in result.stdout
+        assert "trn1_build_image" in result.stdout
+        assert node.calls() == [] and not node.marker.exists()
+    assert node.run("HeadNode").returncode == 0  # the head node needs no Neuron stack either way
+
+
+def test_stamp_is_the_scripts_own(node, versions):
+    """What the image's tags name (run.neuron_versions.stamp) is what the script writes into the image."""
+    result = node.run("ComputeFleet", "--stamp")
+    assert result.returncode == 0 and result.stdout.strip() == stamp(versions)
+    assert stamp(versions) == f"neuron=2.28.0 pins={pins_digest(versions)}" and len(pins_digest(versions)) == 16
+
+
+def test_the_versions_file_cannot_switch_installs_at_boot_on(versions):
+    with pytest.raises(VersionsError, match="profile's, not a version"):
+        render_script((include_dir() / "cluster" / "on_node_configured.sh").read_text(),
+                      {**versions, "NEURON_INSTALL_AT_BOOT": "true"})
+
+
+def test_compute_node_without_the_release_installs_and_a_failure_leaves_no_marker(tmp_path):
+    """With the opt-in, an image of another release (or none) means an install; here the first installer
+    stub fails it."""
+    if BASH is None:
+        pytest.skip("needs bash")
+    node = _Node(tmp_path, render_on_node_configured(install_at_boot=True))
+    assert "NEURON_INSTALL_AT_BOOT=true\n" in node.script.read_text()
     node.state.mkdir()
     node.image_marker.write_text("neuron=2.27.1 pins=0123456789abcdef\n")
     result = node.run("ComputeFleet")

@@ -173,17 +173,23 @@ def test_profiles_default_to_an_allowed_retention():
 
 @pytest.mark.parametrize("ami", [None, ""])
 def test_no_custom_ami_leaves_parallelclusters_image(production, ami):
-    assert rendered(operator_for(production, custom_ami=ami), production)["Image"] == {"Os": "ubuntu2204"}
+    config = rendered(operator_for(production, custom_ami=ami), production)
+    assert config["Image"] == {"Os": "ubuntu2204"}
+    assert ["Image" in q for q in config["Scheduling"]["SlurmQueues"]] == [False]
 
 
-def test_custom_ami_sets_image_custom_ami(production):
-    config = rendered(operator_for(production, custom_ami="ami-0123456789abcdef0"), production)
-    assert config["Image"] == {"Os": "ubuntu2204", "CustomAmi": "ami-0123456789abcdef0"}
+def test_custom_ami_is_the_training_queues_image(production):
+    """The node image is a Trn1 compute image: the head node and extra queues keep ParallelCluster's own."""
+    extra = [{"name": "cpu", "instance_type": "c5.xlarge", "max_nodes": 2}]
+    config = rendered(operator_for(production, custom_ami="ami-0123456789abcdef0", extra_queues=extra), production)
+    assert config["Image"] == {"Os": "ubuntu2204"} and "Image" not in config["HeadNode"]
+    training, cpu = config["Scheduling"]["SlurmQueues"]
+    assert training["Image"] == {"CustomAmi": "ami-0123456789abcdef0"} and "Image" not in cpu
 
 
 @pytest.mark.parametrize("ami", ["ami-123", "ami-0123456789ABCDEF0", "ami-0123456789abcdef01", "img-01234567"])
 def test_a_malformed_ami_id_fails_validation(production, ami):
-    with pytest.raises(ConfigValidationError, match="Image/CustomAmi"):
+    with pytest.raises(ConfigValidationError, match="Scheduling/SlurmQueues/0/Image/CustomAmi"):
         rendered(operator_for(production, custom_ami=ami), production)
 
 
@@ -196,7 +202,12 @@ def test_the_dag_wires_the_new_params():
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["trn1_bert_pretrain"]
     render = dag.get_task("render_config")
-    assert render.custom_ami == "{{ params.custom_ami }}"
+    # The image preflight checked (the run's custom_ami, else the profile's node_image_parameter).
+    assert render.custom_ami == "{{ plan(ti).custom_ami }}"
+    assert render.install_neuron_at_boot == "{{ plan(ti).install_neuron_at_boot }}"
+    preflight = dag.get_task("preflight")
+    assert preflight.node_image_parameter == "/ultracluster/node-image/trn1"
+    assert preflight.install_neuron_at_boot is False  # production: the image, or no run
     assert render.log_retention_days == "{{ params.log_retention_days }}"
     for task_id in ("parallel_compile", "train"):
         assert dag.get_task(task_id).job_env["LOCAL_SCRATCH_DIR"] == "{{ params.local_scratch_dir }}"

@@ -14,7 +14,7 @@ WAITERS = Path(states.__file__).resolve().parents[1] / "waiters" / "pcluster.jso
 
 
 def test_the_waiter_models_are_the_states_module_s():
-    assert json.loads(WAITERS.read_text())["waiters"] == states.cluster_waiters()
+    assert json.loads(WAITERS.read_text())["waiters"] == states.pcluster_waiters()
 
 
 @pytest.mark.parametrize("status, verdict, create, delete", [

@@ -1,4 +1,4 @@
-"""ParallelClusterHook: the pcluster v3 CLI, one method per CLI verb.
+"""ParallelClusterHook: the pcluster v3 CLI, one method per CLI verb (clusters and images).
 
 The connection (type ``pcluster``, default ``pcluster_default``) says which CLI to run and how:
 ``extra = {"binary": "/path/to/pcluster", "region": "us-east-1", "env": {"AWS_PROFILE": ...}}``.
@@ -152,10 +152,15 @@ class ParallelClusterHook(BaseHook):
         ]
         if suppress_validators:
             args += ["--suppress-validators", *suppress_validators]
+        return self._create("create-cluster", args, dryrun)
+
+    def _create(self, verb: str, args: list[str], dryrun: bool) -> dict:
+        """A create verb; a dry run's "would have succeeded" answer (exit 1) as ``{"message",
+        "validationMessages"}``."""
         if not dryrun:
-            return self._run("create-cluster", *args)
+            return self._run(verb, *args)
         try:
-            return self._run("create-cluster", *args, "--dryrun", "true")
+            return self._run(verb, *args, "--dryrun", "true")
         except PclusterError as err:
             if dryrun_succeeded(err):
                 return {"message": err.message, "validationMessages": list(err.payload.get("validationMessages") or [])}
@@ -210,6 +215,39 @@ class ParallelClusterHook(BaseHook):
 
     def update_compute_fleet(self, cluster_name: str, status: str) -> dict:
         return self._run("update-compute-fleet", "--cluster-name", cluster_name, "--status", status)
+
+    def build_image(self, image_id: str, config_path: str, *, suppress_validators: list[str] | None = None,
+                    dryrun: bool = False) -> dict:
+        """``pcluster build-image`` (returns once the build stack is accepted; callers wait with a trigger).
+        With ``dryrun``, the validators only, answered as ``create_cluster``'s dry run is."""
+        args = ["--image-id", image_id, "--image-configuration", config_path]
+        if suppress_validators:
+            args += ["--suppress-validators", *suppress_validators]
+        return self._create("build-image", args, dryrun)
+
+    def describe_image(self, image_id: str) -> dict:
+        return self._run("describe-image", "--image-id", image_id)
+
+    async def adescribe_image(self, image_id: str) -> dict:
+        return await self._arun("describe-image", "--image-id", image_id)
+
+    def list_images(self, image_status: str) -> list[dict]:
+        """Images of one status: AVAILABLE (built), PENDING or FAILED (their build stacks)."""
+        images: list[dict] = []
+        token: str | None = None
+        while True:
+            page = self._run("list-images", "--image-status", image_status, *(["--next-token", token] if token else []))
+            images += page.get("images") or []
+            token = page.get("nextToken")
+            if not token:
+                return images
+
+    def delete_image(self, image_id: str) -> dict:
+        """``pcluster delete-image`` without --force: refused while instances use the image."""
+        return self._run("delete-image", "--image-id", image_id)
+
+    def list_official_images(self, os_name: str, architecture: str) -> list[dict]:
+        return self._run("list-official-images", "--os", os_name, "--architecture", architecture).get("images") or []
 
     def get_cluster_stack_events(self, cluster_name: str, *, max_pages: int = 3) -> list[dict]:
         """The cluster stack's events, newest first (the first ``max_pages`` pages: the recent ones)."""

@@ -58,16 +58,18 @@ def _include(*parts: str) -> str:
 
 def build_queues(
     instance_type: str, min_nodes: int, max_nodes: int, extra_queues: list[dict] | None,
-    capacity: Mapping[str, Any] | None = None,
+    capacity: Mapping[str, Any] | None = None, custom_ami: str | None = None,
 ) -> list[dict]:
     """Template context for Scheduling.SlurmQueues: the training queue first, then extra queues.
     ``capacity``: the training queue's ``capacity_type`` and reservation params (run.capacity); extra
-    queues are On-Demand."""
+    queues are On-Demand. ``custom_ami``: the training queue's node image (Image.CustomAmi); the other
+    queues and the head node keep ParallelCluster's own image."""
     training = {"name": TRAINING_QUEUE, "instance_type": instance_type, "min_nodes": min_nodes, "max_nodes": max_nodes,
                 "capacity_type": run_capacity.capacity_type(capacity or {}),
-                "reservation": run_capacity.reservation_target(capacity or {})}
+                "reservation": run_capacity.reservation_target(capacity or {}), "custom_ami": custom_ami or None}
     queues = [training] + [dict(q) for q in extra_queues or []]
     for queue in queues:
+        queue.setdefault("custom_ami", None)
         queue.setdefault("min_nodes", 0)
         queue.setdefault("capacity_type", run_capacity.ONDEMAND)
         queue.setdefault("reservation", None)
@@ -154,6 +156,9 @@ class RenderClusterConfigOperator(BaseOperator):
     Render, validate and upload the ParallelCluster config; nothing is created on failure. The config
     passes ``pcluster create-cluster --dryrun true`` (``pcluster_conn_id``) before it is uploaded.
 
+    ``custom_ami`` is the training queue's node image (preflight's plan: the run's, else the profile's
+    node_image_parameter); ``install_neuron_at_boot`` renders the node script's opt-in.
+
     Returns ``{"cluster_name", "config_s3_uri", "config_s3_key", "bucket", "on_node_configured_s3_uri",
     "queues", "training_queue"}``. Skips when the run uses an existing cluster (``existing_cluster_name``).
     """
@@ -164,6 +169,7 @@ class RenderClusterConfigOperator(BaseOperator):
         "artifacts_s3_uri", "extra_tags",
         "custom_ami", "log_retention_days", "resource_ttl_hours", "capacity_type", "capacity_reservation_id",
         "capacity_reservation_resource_group_arn", "ssh_allowed_cidr", "allow_world_ssh", "existing_cluster_name",
+        "install_neuron_at_boot",
     )
     operator_extra_links = (ClusterConfigLink(),)
     ui_color = "#d9e8f5"
@@ -203,10 +209,12 @@ class RenderClusterConfigOperator(BaseOperator):
         permissions_boundary_arn: str | None = None,
         node_kms_policy_arn: str | None = None,
         existing_cluster_name: str | None = None,
+        install_neuron_at_boot: Any = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.existing_cluster_name = existing_cluster_name
+        self.install_neuron_at_boot = install_neuron_at_boot  # the profile's opt-in, through the plan
         # The training queue's capacity (run.capacity) and who may reach the head node's SSH
         # (run.ssh_access: no value is refused unless allow_world_ssh).
         self.capacity_type = capacity_type
@@ -255,7 +263,8 @@ class RenderClusterConfigOperator(BaseOperator):
             problems.append(str(err))
         if problems:   # preflight refuses these first; a direct use of the operator must not render them
             raise ConfigValidationError(problem_list("Cluster config not rendered", problems))
-        queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues, capacity)
+        queues = build_queues(self.instance_type, int(self.min_nodes), int(self.max_nodes), self.extra_queues, capacity,
+                              self.custom_ami)
         # The most nodes the cluster can hold: what the deployment's node cap counts (tags.NODES_TAG).
         nodes = sum(int(q["max_nodes"]) for q in queues)
         tags = {**(self.extra_tags or {}), **run_tags(context, self.resource_ttl_hours), NODES_TAG: nodes}
@@ -264,7 +273,6 @@ class RenderClusterConfigOperator(BaseOperator):
         return {
             "region": self.region_name,
             "image_os": self.image_os,
-            "custom_ami": self.custom_ami or None,  # null or "": ParallelCluster's own AMI
             "log_retention_days": int(self.log_retention_days),
             "compute_root_volume_gib": COMPUTE_ROOT_VOLUME_GIB,
             "ephemeral_mount_dir": LOCAL_STORAGE_MOUNT_DIR,
@@ -310,7 +318,8 @@ class RenderClusterConfigOperator(BaseOperator):
                                   extra_args={"Tagging": s3_tagging(run_tags(context, self.resource_ttl_hours))})
         # Only the script reaches the nodes: it goes up with the pinned Neuron versions rendered in.
         scratch.load_string(
-            render_on_node_configured(self.on_node_configured_path or _include("cluster", "on_node_configured.sh")),
+            render_on_node_configured(self.on_node_configured_path or _include("cluster", "on_node_configured.sh"),
+                                      install_at_boot=flag(self.install_neuron_at_boot)),
             key=script_key, bucket_name=bucket, replace=True,
         )
         if self.pcluster_conn_id:

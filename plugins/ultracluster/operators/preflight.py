@@ -4,8 +4,9 @@ It fixes the run's plan (the params with its sweep point applied; every later ta
 checks the cross-field rules once, the tags, and what AWS can tell (``account_checks``: the dataset
 object, the artifacts and compile-cache buckets, the key pair, the instance types offered in the AZ
 id, the Trn vCPU quota, the capacity reservation (``capacity_checks``); a bucket without a public
-access block is a warning), estimates the cost (at the reservation's price where it is known) and
-enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
+access block is a warning), the node image the compute nodes boot (``image_checks``: its Neuron tags
+against include/neuron-versions.env; none only where the profile installs at boot), estimates the
+cost (at the reservation's price where it is known) and enforces ``max_cost_usd``, and (where the profile asks: ``estimate_boot_time``) estimates a compute
 node's boot against ParallelCluster's bootstrap timeout, a warning at 70 % of it (``run.boot_time``). Every problem found goes into one error naming each param; such
 failures are the conf's own and fail the task at once, without retries. Transient AWS errors (throttling, an unreachable endpoint) raise and retry.
 """
@@ -21,6 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
 from ultracluster.operators.existing_cluster import existing_cluster_problems
+from ultracluster.operators.image_checks import node_image_problems
 from ultracluster.run import boot_time
 from ultracluster.run import capacity as run_capacity
 from ultracluster.run import existing_cluster as byo
@@ -66,6 +68,10 @@ class PreflightOperator(BaseOperator):
         it must exist, be complete and have the run's queue, instance type, nodes and shared storage
         (``operators.existing_cluster``); the head node, the cluster's network and its SSH access are
         then the cluster's, and the estimate prices the run's nodes only.
+    :param node_image_parameter: the profile's SSM parameter naming the node image (a run's
+        ``custom_ami`` overrides it); the plan's ``custom_ami`` is the image that applies.
+    :param install_neuron_at_boot: the profile's opt-in: without a node image, compute nodes install
+        the Neuron stack at boot (else preflight refuses the run); into the plan for render_config.
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -76,12 +82,15 @@ class PreflightOperator(BaseOperator):
                  estimate_boot_time: bool = False, reservation_lead_s: int = 0,
                  default_ssh_allowed_cidr: str | None = None, permissions_boundary_arn: str | None = None,
                  require_permissions_boundary: bool = True, node_kms_policy_arn: str | None = None,
-                 pcluster_conn_id: str = "pcluster_default", **kwargs: Any) -> None:
+                 pcluster_conn_id: str = "pcluster_default", node_image_parameter: str | None = None,
+                 install_neuron_at_boot: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pcluster_conn_id = pcluster_conn_id
         self.permissions_boundary_arn = permissions_boundary_arn
         self.require_permissions_boundary = require_permissions_boundary
         self.node_kms_policy_arn = node_kms_policy_arn
+        self.node_image_parameter = node_image_parameter or None
+        self.install_neuron_at_boot = install_neuron_at_boot
         self.default_ssh_allowed_cidr = default_ssh_allowed_cidr
         self.reservation_lead_s = reservation_lead_s
         self.s3_encryption = check_sse(s3_encryption)
@@ -121,6 +130,9 @@ class PreflightOperator(BaseOperator):
                     "needed_by": now + timedelta(seconds=int(self.reservation_lead_s))}
         problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
                                      self.log, sse=self.s3_encryption, warnings=warnings, capacity=capacity)
+        if not existing:  # a standing cluster's nodes run the image it was made with
+            problems += node_image_problems(plan, aws_conn_id=self.aws_conn_id, parameter=self.node_image_parameter,
+                                            install_at_boot=self.install_neuron_at_boot, log=self.log)
         if problems:
             raise AirflowFailException(problem_list(
                 f"preflight found {counted(problems, 'problem')}, nothing was created", problems))

@@ -21,6 +21,9 @@ _DESCRIPTION_KEYS = (
 # pcluster's wording when a cluster is gone (or never existed).
 _NOT_FOUND = re.compile(r"does not exist", re.IGNORECASE)
 _ALREADY_EXISTS = re.compile(r"already exists", re.IGNORECASE)
+# ...and an image (image_operations_controller: NotFoundException; ImageBuilder's ConflictImageBuilderActionError).
+_IMAGE_NOT_FOUND = re.compile(r"^No image or stack associated with ParallelCluster image id")
+_IMAGE_EXISTS = re.compile(r"^ParallelCluster (image|build infrastructure for image) \S+ .*already exists")
 
 # create-cluster --dryrun true (pcluster's create-cluster controller): a config it would accept is an
 # error too, exit 1 with this message (plus validationMessages for warnings); a config it refuses is
@@ -68,6 +71,14 @@ class ClusterNotFoundError(PclusterError):
 
 class ClusterAlreadyExistsError(PclusterError):
     """create-cluster was refused because a cluster with that name exists."""
+
+
+class ImageNotFoundError(PclusterError):
+    """No image and no build stack of that image id (describe-image, delete-image)."""
+
+
+class ImageAlreadyExistsError(PclusterError):
+    """build-image was refused: an image, or a build stack, of that id exists."""
 
 
 class ClusterValidationError(PclusterError):
@@ -123,6 +134,10 @@ def parse_cli_result(returncode: int, stdout: str, stderr: str) -> dict:
     message = str(payload.get("message") or f"pcluster exited {returncode}")
     if payload.get("configurationValidationErrors"):
         raise ClusterValidationError(message, returncode, payload)
+    if _IMAGE_NOT_FOUND.match(message):
+        raise ImageNotFoundError(message, returncode, payload)
+    if _IMAGE_EXISTS.match(message):
+        raise ImageAlreadyExistsError(message, returncode, payload)
     if _NOT_FOUND.search(message):
         raise ClusterNotFoundError(message, returncode, payload)
     if _ALREADY_EXISTS.search(message):
@@ -284,3 +299,30 @@ def bootstrap_log_stream(streams: list[dict], found: list[dict] | None = None) -
 def log_event_messages(payload: dict) -> list[str]:
     """get-cluster-log-events' messages in time order, secrets redacted."""
     return [redact_signed_urls(str(e.get("message", "")).rstrip("\n")) for e in payload.get("events") or []]
+
+
+# --- images (build-image, describe-image, list-images, delete-image)
+
+def image_status(description: dict) -> str:
+    """imageBuildStatus from describe-image, or build/delete's nested ``image`` summary."""
+    return str(description.get("image", description).get("imageBuildStatus") or "")
+
+
+def image_ami(description: dict) -> str | None:
+    return (description.get("image", description).get("ec2AmiInfo") or {}).get("amiId")
+
+
+def image_tags(description: dict) -> dict[str, str]:
+    """The AMI's tags (describe-image's ec2AmiInfo.tags, BUILD_COMPLETE only)."""
+    return {t["key"]: t.get("value", "") for t in (description.get("ec2AmiInfo") or {}).get("tags") or []}
+
+
+def image_failure(description: dict) -> str:
+    """Why a build failed, as describe-image tells it (Image Builder's reason, else the stack's)."""
+    reasons = [description.get(k) for k in ("imagebuilderImageStatusReason", "cloudformationStackStatusReason")]
+    return redact_signed_urls("; ".join(r for r in reasons if r) or "no reason given")
+
+
+def public_image_description(description: dict) -> dict:
+    """describe-image without its presigned imageConfiguration URL, safe for events, logs and XCom."""
+    return {k: v for k, v in description.items() if k != "imageConfiguration"}

@@ -3,8 +3,8 @@ estimate from the checked-in table ``include/cluster/boot-steps.json`` (docs/ope
 boot time").
 
 A node booting ParallelCluster's own image installs the Neuron stack (the driver's DKMS build, the
-runtime, a torch / torch-xla / neuronx-cc venv) before it may join Slurm; a prebuilt image (custom_ami)
-skips that. The nodes of a job boot at once and share one NAT gateway: each downloads at
+runtime, a torch / torch-xla / neuronx-cc venv) before it may join Slurm, where the profile opts in to
+that (install_neuron_at_boot); the node image trn1_build_image builds (run.node_image) skips it. The nodes of a job boot at once and share one NAT gateway: each downloads at
 ``min(node rate, NAT rate / nodes at once)``. A node's boot is its steps' seconds plus its downloads at
 that rate; the job waits for one boot, not their sum. Every figure in the table has a source or says
 it is an assumption (``load_boot_steps`` refuses a row without either).
@@ -141,6 +141,6 @@ def boot_warning(boot: dict[str, Any], warn_at_share: float) -> str | None:
     if boot["seconds"] < warn_at_share * boot["timeout_s"]:
         return None
     fix = ("" if boot["row_set"] == PREBUILT_IMAGE else
-           "; a prebuilt node image (custom_ami, include/cluster/image-config.yaml; issue #24) skips the install")
+           "; the node image skips the install (trigger trn1_build_image; docs/operations.md, \"The node image\")")
     return (f"num_nodes: {describe(boot)}, at or over the {warn_at_share:.0%} warning line: nodes past the "
             f"timeout are replaced, and the fleet wait may fail{fix}")

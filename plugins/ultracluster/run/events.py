@@ -16,11 +16,14 @@ STATUSES = (SUCCESS, FAILED, ERROR)
 
 # reason -> (status, what it means)
 REASONS: dict[str, tuple[str, str]] = {
-    "complete": (SUCCESS, "the awaited state was reached: stack or cluster created or deleted, fleet "
+    "complete": (SUCCESS, "the awaited state was reached: stack, cluster or image created or deleted, fleet "
                           "ready, job completed"),
     "stack_failed": (FAILED, "the stack reached a failed state"),
     "cluster_failed": (FAILED, "the cluster reached a failed state (CREATE_FAILED, DELETE_FAILED, ...)"),
     "cluster_gone": (FAILED, "the cluster is being deleted or does not exist"),
+    "image_failed": (FAILED, "the node image's build failed (its set-up script, or Image Builder), or its "
+                             "deletion did (no retry: the same image id stays failed)"),
+    "image_gone": (FAILED, "the node image is being deleted or does not exist"),
     "fleet_protected": (FAILED, "ParallelCluster protected the fleet after repeated bootstrap failures"),
     "fleet_stopped": (FAILED, "the compute fleet is stopped or stopping"),
     "node_lost": (FAILED, "a node was lost (bootstrap, power-up, health gate) more often than node_replacements allows "
@@ -38,7 +41,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "trigger_error": (ERROR, "the trigger hit an unexpected error"),
 }
 # No retry helps: the same inputs meet the same end (a retry would only spend more).
-DETERMINISTIC = frozenset({"budget_exceeded", "host_key_mismatch", "node_lost", "partition_not_found"})
+DETERMINISTIC = frozenset({"budget_exceeded", "host_key_mismatch", "image_failed", "node_lost",
+                           "partition_not_found"})
 
 
 class EventError(ValueError):

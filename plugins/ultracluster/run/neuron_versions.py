@@ -1,15 +1,19 @@
 """The pinned Neuron stack (include/neuron-versions.env) and its rendering into the node set-up script.
 
-Only on_node_configured.sh reaches the nodes, so render_config uploads a copy of it whose
-``# BEGIN VERSIONS`` ... ``# END VERSIONS`` block holds the versions file's assignments, shell-quoted.
-Specs looser than an exact version (``*``, ``>=``, ``~=``, a bare name, ...) are refused here, so a
-loose pin fails render_config before anything is created. Stdlib only.
+Only on_node_configured.sh reaches the nodes, so render_config (and trn1_build_image, for the node
+image) uploads a copy of it whose ``# BEGIN VERSIONS`` ... ``# END VERSIONS`` block holds the versions
+file's assignments, shell-quoted, and ``NEURON_INSTALL_AT_BOOT``: whether a compute node whose image
+lacks the pinned stack may install it at boot (only where the profile opts in). Specs looser than an
+exact version (``*``, ``>=``, ``~=``, a bare name, ...) are refused here, so a loose pin fails
+render_config before anything is created. ``stamp`` is the script's own ``--stamp``: what an image
+built from the script carries, and its tags name. Stdlib only.
 
-``python -m ultracluster.run.neuron_versions render`` prints the rendered script;
+``python -m ultracluster.run.neuron_versions render [--install-at-boot]`` prints the rendered script;
 ``readme`` rewrites the quoted block in include/training/README.md (``--check``: fail if stale).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import sys
@@ -27,6 +31,11 @@ PLACEHOLDER = "@VERSIONS@"
 README_BEGIN = "<!-- neuron-versions:start -->"
 README_END = "<!-- neuron-versions:end -->"
 
+# The rendered switch, beside the versions: "true" lets a compute node install the stack at boot.
+INSTALL_AT_BOOT_KEY = "NEURON_INSTALL_AT_BOOT"
+# What the script's pins_digest hashes, in its order.
+STAMPED_KEYS = ("NEURON_RELEASE", "NEURON_APT_PACKAGES", "BOOTSTRAP_PIP_PACKAGES", "NEURON_PIP_PACKAGES",
+                "EFA_INSTALLER_VERSION")
 REQUIRED_KEYS = ("NEURON_RELEASE", "NEURON_APT_PACKAGES", "BOOTSTRAP_PIP_PACKAGES", "NEURON_PIP_PACKAGES",
                  "EFA_INSTALLER_VERSION")
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -105,30 +114,46 @@ def check_pinned(versions: dict[str, str]) -> None:
         raise VersionsError(problem_list("Unpinned specs in the Neuron versions (exact versions only)", problems))
 
 
-def versions_block(versions: dict[str, str]) -> str:
-    """The assignments as rendered into the script: one KEY=VALUE a line, every value shlex-quoted."""
-    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in versions.items())
+def pins_digest(versions: dict[str, str]) -> str:
+    """The script's ``pins_digest``: 16 hex digits of the sha256 of every pin, one a line."""
+    return hashlib.sha256("".join(f"{versions[k]}\n" for k in STAMPED_KEYS).encode()).hexdigest()[:16]
 
 
-def render_script(script_text: str, versions: dict[str, str]) -> str:
-    """The script with its versions block replaced by the (checked) assignments."""
+def stamp(versions: dict[str, str]) -> str:
+    """What ``on_node_configured.sh --stamp`` prints: the image marker of an image holding these pins."""
+    return f"neuron={versions['NEURON_RELEASE']} pins={pins_digest(versions)}"
+
+
+def versions_block(versions: dict[str, str], install_at_boot: bool = False) -> str:
+    """The assignments as rendered into the script: one KEY=VALUE a line, every value shlex-quoted,
+    then the install-at-boot switch."""
+    lines = [f"{key}={shlex.quote(value)}\n" for key, value in versions.items() if key != INSTALL_AT_BOOT_KEY]
+    return "".join(lines) + f"{INSTALL_AT_BOOT_KEY}={'true' if install_at_boot else 'false'}\n"
+
+
+def render_script(script_text: str, versions: dict[str, str], *, install_at_boot: bool = False) -> str:
+    """The script with its versions block replaced by the (checked) assignments; ``install_at_boot``:
+    a compute node whose image lacks the pinned stack installs it (the profile's opt-in), else fails."""
     check_pinned(versions)
+    if INSTALL_AT_BOOT_KEY in versions:
+        raise VersionsError(f"{INSTALL_AT_BOOT_KEY} is the profile's, not a version: remove it from {VERSIONS_FILE}")
     lines = script_text.splitlines(keepends=True)
     begins = [i for i, line in enumerate(lines) if line.startswith(BEGIN_MARK)]
     ends = [i for i, line in enumerate(lines) if line.startswith(END_MARK)]
     if len(begins) != 1 or len(ends) != 1 or begins[0] > ends[0]:
         raise VersionsError(f"the script needs exactly one {BEGIN_MARK!r} line before one {END_MARK!r} line")
     begin, end = begins[0], ends[0]
-    rendered = "".join(lines[: begin + 1]) + versions_block(versions) + "".join(lines[end:])
+    rendered = "".join(lines[: begin + 1]) + versions_block(versions, install_at_boot) + "".join(lines[end:])
     if PLACEHOLDER in rendered:
         raise VersionsError(f"{PLACEHOLDER} left outside the versions block")
     return rendered
 
 
-def render_on_node_configured(script_path: str | Path | None = None, versions_path: str | Path | None = None) -> str:
+def render_on_node_configured(script_path: str | Path | None = None, versions_path: str | Path | None = None, *,
+                              install_at_boot: bool = False) -> str:
     """What render_config uploads: include/cluster/on_node_configured.sh with the pinned versions."""
     script = Path(script_path) if script_path else _include(*SCRIPT)
-    return render_script(script.read_text(), load_versions(versions_path))
+    return render_script(script.read_text(), load_versions(versions_path), install_at_boot=install_at_boot)
 
 
 def readme_block(versions: dict[str, str]) -> str:
@@ -155,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else ""
     if command == "render":
-        sys.stdout.write(render_on_node_configured())
+        sys.stdout.write(render_on_node_configured(install_at_boot="--install-at-boot" in args[1:]))
         return 0
     if command == "readme":
         readme = _include(*TRAINING_README)
@@ -169,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         readme.write_text(wanted)
         return 0
-    print("usage: python -m ultracluster.run.neuron_versions render | readme [--check]", file=sys.stderr)
+    print("usage: python -m ultracluster.run.neuron_versions render [--install-at-boot] | readme [--check]",
+          file=sys.stderr)
     return 2
 
 

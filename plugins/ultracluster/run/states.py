@@ -1,9 +1,9 @@
 """Every state the pipeline waits on, with its one verdict: ready, pending, failed or gone.
 
-Clusters (describe-cluster's clusterStatus), stacks (CloudFormation), compute fleets
-(computeFleetStatus), Slurm jobs and Airflow runs. Waits, operators and the reaper judge a state by
-its verdict here and nowhere else; the pcluster waiter models (waiters/pcluster.json) are checked
-against ``cluster_waiters``.
+Clusters (describe-cluster's clusterStatus), node images (describe-image's imageBuildStatus), stacks
+(CloudFormation), compute fleets (computeFleetStatus), Slurm jobs and Airflow runs. Waits, operators
+and the reaper judge a state by its verdict here and nowhere else; the pcluster waiter models
+(waiters/pcluster.json) are checked against ``pcluster_waiters``.
 """
 from __future__ import annotations
 
@@ -53,6 +53,42 @@ def cluster_waiters(delay: int = 30) -> dict[str, dict]:
               {"matcher": "error", "expected": "ClusterNotFoundError", "state": "success"}]
     return {"ClusterCreateComplete": {"delay": delay, "maxAttempts": 240, "acceptors": create},
             "ClusterDeleteComplete": {"delay": delay, "maxAttempts": 120, "acceptors": delete}}
+
+
+# --- node images: describe-image's imageBuildStatus (pcluster/api/converters.py maps the build stack's
+# status onto it; a built image whose stack cleaned itself up is BUILD_COMPLETE from its AMI)
+BUILD_IN_PROGRESS, BUILD_COMPLETE, BUILD_FAILED = "BUILD_IN_PROGRESS", "BUILD_COMPLETE", "BUILD_FAILED"
+IMAGE_DELETE_IN_PROGRESS, IMAGE_DELETE_FAILED = "DELETE_IN_PROGRESS", "DELETE_FAILED"
+IMAGE_STATES = {
+    BUILD_IN_PROGRESS: PENDING, BUILD_COMPLETE: READY, BUILD_FAILED: FAILED,
+    IMAGE_DELETE_IN_PROGRESS: GONE, IMAGE_DELETE_FAILED: FAILED, "DELETE_COMPLETE": GONE,
+}
+# What describe-image's "No image or stack associated" answer counts as (parsers.pcluster.ImageNotFoundError).
+IMAGE_NOT_FOUND = GONE
+
+
+def image_verdict(status: str | None) -> str:
+    return IMAGE_STATES.get(str(status or ""), PENDING)
+
+
+def image_waiters(delay: int = 30) -> dict[str, dict]:
+    """Build: ready succeeds, failed or gone fails. Delete: gone (or no longer found) succeeds."""
+    def path(status: str, state: str) -> dict:
+        return {"matcher": "path", "argument": "imageBuildStatus", "expected": status, "state": state}
+
+    build = [path(s, "success") for s, v in IMAGE_STATES.items() if v == READY]
+    build += [path(s, "failure") for s, v in IMAGE_STATES.items() if v in (FAILED, GONE)]
+    build.append({"matcher": "error", "expected": "ImageNotFoundError", "state": "failure"})
+    delete = [path("DELETE_COMPLETE", "success"), path(IMAGE_DELETE_FAILED, "failure"),
+              {"matcher": "error", "expected": "ImageNotFoundError", "state": "success"}]
+    # A build takes most of an hour (the Neuron stack, then Image Builder's own steps): 6 h at most.
+    return {"ImageBuildComplete": {"delay": delay, "maxAttempts": 720, "acceptors": build},
+            "ImageDeleteComplete": {"delay": delay, "maxAttempts": 120, "acceptors": delete}}
+
+
+def pcluster_waiters(delay: int = 30) -> dict[str, dict]:
+    """Every waiter of waiters/pcluster.json."""
+    return {**cluster_waiters(delay), **image_waiters(delay)}
 
 
 # --- CloudFormation stacks (the network stack is created with OnFailure=DO_NOTHING)
