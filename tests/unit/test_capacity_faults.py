@@ -11,10 +11,6 @@ import json
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
-
-from tests.unit.test_auto_resume import OUT, listing, pending, sbatch_env, ssh_connection  # noqa: F401 (autouse)
-from tests.unit.test_slurm_job import (OK, DictStore, ReplayHeadNode, context, operator, recorded,
-                                       training_dir)  # noqa: F401 (training_dir is a fixture)
 from ultracluster.hooks.head_node import CommandResult
 from ultracluster.operators.slurm_job import STATE_KEY_JOB_ID
 from ultracluster.operators.slurm_resume import STATE_KEY_AUTO_RESUME
@@ -27,6 +23,23 @@ from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.sensors.fleet import STATE_KEY_LOST_NODES
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 from ultracluster.triggers.slurm import SlurmJobTrigger
+
+from tests.unit.test_auto_resume import (  # noqa: F401 (autouse)
+    OUT,
+    listing,
+    pending,
+    sbatch_env,
+    ssh_connection,
+)
+from tests.unit.test_slurm_job import (
+    OK,
+    DictStore,
+    ReplayHeadNode,
+    context,
+    operator,
+    recorded,
+    training_dir,  # noqa: F401 (training_dir is a fixture)
+)
 
 ICE = "(Code:InsufficientInstanceCapacity)Failure when resuming nodes"
 NODES = ("compute1-dy-trn1-1", "compute1-dy-trn1-2")
