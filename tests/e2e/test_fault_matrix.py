@@ -35,7 +35,9 @@ SHORT = {"num_nodes": 1, "max_nodes": 1, "max_steps": 10, "steps_this_run": 10}
 LONG = {**SHORT, "max_steps": 400, "steps_this_run": 400}  # train still running when the fault comes
 OUTAGE_S = 30
 UNHEALTHY_NODE = "compute1-dy-trn1-32xl-1"  # the training queue's one dynamic node (SHORT)
-ICE_HOLD_S = 10  # the twin's insufficient_capacity_timeout for the capacity case (ParallelCluster's: 600 s)
+# The twin's insufficient_capacity_timeout for the capacity case (ParallelCluster's: 600 s): longer than
+# the hop from the job's end to the task reading the node's reason, or the reason would be gone.
+ICE_HOLD_S = 30
 SUITE_TIMEOUT_S = 1500
 TEARDOWNS = ("delete_cluster", "delete_vpc")
 STEPS = ("preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
