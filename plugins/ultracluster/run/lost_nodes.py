@@ -31,7 +31,7 @@ CAPACITY_ERROR_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientH
                                   "InsufficientReservedInstanceCapacity", "MaxSpotInstanceCountExceeded",
                                   "Unsupported", "SpotMaxPriceTooLow"})
 _ERROR_CODE = re.compile(r"\(Code:(\w+)\)")
-CAPACITY_ADVICE = ("try another Availability Zone (subnet), an On-Demand Capacity Reservation "
+CAPACITY_ADVICE = ("try another Availability Zone (availability_zone_id), an On-Demand Capacity Reservation "
                    "(capacity_reservation_id) or a Capacity Block (capacity_type CAPACITY_BLOCK)")
 
 
@@ -122,8 +122,8 @@ class LostNodes:
         named = "; ".join(f"{node} ({self.reasons.get(node, 'no reason given')}) lost {self.counts[node]} time(s)"
                           for node in self.past)
         codes = sorted({code for node in self.past if (code := capacity_error(self.reasons.get(node)))})
-        capacity = (f". EC2 had no capacity ({', '.join(codes)}): ParallelCluster launched again after its "
-                    f"insufficient-capacity hold, in vain; {CAPACITY_ADVICE}") if codes else ""
+        again = ", again after ParallelCluster's insufficient-capacity hold" if self.limit else ""
+        capacity = f". EC2 had no capacity ({', '.join(codes)}){again}; {CAPACITY_ADVICE}" if codes else ""
         return f"Nodes lost past node_replacements={self.limit}: {named}{capacity}"
 
     def describe(self) -> str:
