@@ -35,6 +35,7 @@ SHORT = {"num_nodes": 1, "max_nodes": 1, "max_steps": 10, "steps_this_run": 10}
 LONG = {**SHORT, "max_steps": 400, "steps_this_run": 400}  # train still running when the fault comes
 OUTAGE_S = 30
 UNHEALTHY_NODE = "compute1-dy-trn1-32xl-1"  # the training queue's one dynamic node (SHORT)
+TRAINING_RESOURCE = "trn1-32xl"  # its compute resource (a tag value cannot be the knob's `*`)
 # The twin's insufficient_capacity_timeout for the capacity case (ParallelCluster's: 600 s): longer than
 # the hop from the job's end to the task reading the node's reason, or the reason would be gone.
 ICE_HOLD_S = 30
@@ -106,7 +107,7 @@ CASES: dict[str, Case] = {
     # starts; the lost-node rule waits out ParallelCluster's hold and submits it again once (node_replacements
     # 1); refused again, the node is lost twice and the task fails at once naming the EC2 error; teardowns.
     "insufficient-capacity": Case(
-        conf={**SHORT, "extra_tags": {"local-ultracluster:insufficient-capacity": "*",
+        conf={**SHORT, "extra_tags": {"local-ultracluster:insufficient-capacity": TRAINING_RESOURCE,
                                       "local-ultracluster:insufficient-capacity-timeout": str(ICE_HOLD_S)}},
         failed=("parallel_compile",), tries={"parallel_compile": 1},
         log={"parallel_compile": "EC2 had no capacity (InsufficientInstanceCapacity)"}, driver="count_launches"),
