@@ -5,7 +5,8 @@
   pcluster-calls.jsonl (every pcluster CLI call), moto.log (every AWS request, whole seconds);
 - what ClusterWatch kept from the cluster dir before the delete removed it: status transitions,
   Slurm's job completion log, sshd's accepted connections;
-- moto's CloudFormation: the network stack's DeletionTime.
+- moto's CloudFormation: the network stack's DeletionTime;
+- moto's S3: the run's results.json (collect_results' upload), for the first step's time.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from urllib.parse import quote
 
 import _timeline as tl
 import boto3
+from _first_step import first_step_mark
 
 from ultracluster.run.names import vpc_stack_name_for
 
@@ -51,6 +53,20 @@ def _stack_deleted(env: dict, stack_name: str) -> float | None:
     return max(times) if times else None
 
 
+def _results_json(env: dict, collected: dict | None) -> dict | None:
+    """The results.json collect_results uploaded (its XCom names the folder), None if there is none."""
+    uri = (collected or {}).get("artifacts_uri") if isinstance(collected, dict) else None
+    if not uri:
+        return None
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env.get("AWS_DEFAULT_REGION"),
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    try:
+        return json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}results.json")["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return None
+
+
 def collect(deployment, watch, run: dict) -> dict:
     """The records of one ended run of trn1_bert_pretrain, as plain data (times: POSIX seconds)."""
     run_id = run["dag_run_id"]
@@ -61,7 +77,8 @@ def collect(deployment, watch, run: dict) -> dict:
         if ti and ti.get("try_number"):
             logs[task] = tl.log_events(deployment.task_log(DAG_ID, run_id, task, ti["try_number"]))
     xcoms = {}
-    for task in ("restore_compile_cache", "parallel_compile"):  # did the warm run find the cold run's cache?
+    # Did the warm run find the cold run's cache? Where did collect_results put results.json?
+    for task in ("restore_compile_cache", "parallel_compile", "collect_results"):
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task}/xcomEntries/return_value"
         value = (deployment.client.get(path, missing_ok=True) or {}).get("value")
         xcoms[task] = json.loads(value) if isinstance(value, str) and value.startswith("{") else value
@@ -79,6 +96,7 @@ def collect(deployment, watch, run: dict) -> dict:
     env = dict(deployment.env, AWS_DEFAULT_REGION=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
     return {
         "run_id": run_id, "state": run["state"], "cluster": name,
+        "queued": tl.parse_time(run.get("queued_at")),
         "start": tl.parse_time(run["start_date"]), "end": tl.parse_time(run["end_date"]),
         "tis": {task: {"state": ti["state"], "start": tl.parse_time(ti.get("start_date")),
                        "end": tl.parse_time(ti.get("end_date")), "duration": ti.get("duration")}
@@ -93,4 +111,5 @@ def collect(deployment, watch, run: dict) -> dict:
         "ssh": list(watch.ssh_accepted.get(name, [])), "ssh_resolution": watch.period,
         "aws": tl.moto_request_times(moto_log.read_text(errors="replace")) if moto_log.exists() else [],
         "stack_deleted": _stack_deleted(env, vpc_stack_name_for(run_id)),
+        "first_step": first_step_mark(_results_json(env, xcoms.get("collect_results"))),
     }

@@ -1,4 +1,4 @@
-"""Benchmarks 2, 3, 4 and 6 (issue 13): whole runs of trn1_bert_pretrain under a real scheduler and
+"""Benchmarks 2, 3, 4, 6 (issue 13) and 9 (issue 24): whole runs of trn1_bert_pretrain under a real scheduler and
 triggerer, against the no-op DAG of the same shape, in one deployment of their own.
 
     .venvs/airflow/bin/python bench/pipeline.py
@@ -20,6 +20,9 @@ prefix. One run at a time.
    Execute), against the time deferred.
 6. Compile cache: parallel_compile on the warm run as a fraction of the cold run (task instance
    duration; Slurm's own run time of the job).
+9. Time to first step: from the trigger (the run's queued_at) to the training program's first step
+   done (results.json's "First step"), split by phase (bench/_first_step.py); a measured breakdown,
+   not a ratio.
 
 Then, in the same deployment, bench/concurrency.py's run(deployment) if that module exists.
 
@@ -41,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _first_step as fs  # noqa: E402
 import _timeline as tl  # noqa: E402
 from _collect import DAG_ID, WAITS, collect  # noqa: E402
 from _deploy import Deployment  # noqa: E402
@@ -106,6 +110,11 @@ def analyse(r: dict) -> dict:
     out["compile"] = {"ti_s": ti.get("duration"), "restored": restored.get("restored") if isinstance(
                           restored, dict) else None, "cache": cache,
                       "slurm_run_s": job["end"] - job["start"] if job and job["start"] and job["end"] else None}
+    try:
+        out["first_step"] = fs.phases(r)
+    except fs.MissingMark as missing:
+        out["first_step"] = None
+        print(f"pipeline: time to first step of {r['run_id']}: no {missing}", flush=True)
     return out
 
 
@@ -175,6 +184,26 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
     return report
 
 
+def first_step_figures(runs: list[dict]) -> Report:
+    """Benchmark 9: trigger to first step, each phase over the runs (cold and warm together but the
+    totals, and the compile phase, which the cache shortens)."""
+    report = Report("first_step", "Time to first step: trigger to the first training step, by phase")
+    measured = [r for r in runs if r.get("first_step")]
+    for kind, picked in (("cold", runs[0::2]), ("warm", runs[1::2])):
+        _fig(report, f"9. trigger to first step ({kind})", [r["first_step"]["total_s"] for r in picked
+                                                           if r.get("first_step")], "s")
+    names = [phase["phase"] for phase in measured[0]["first_step"]["phases"]] if measured else []
+    for i, name in enumerate(names):
+        hops = [h for r in measured if (h := r["first_step"]["phases"][i]["hop_s"]) is not None]
+        note = f"of which Airflow's hop before the task: median {statistics.median(hops):.1f} s" if hops else ""
+        groups = ((f" ({kind})", picked) for kind, picked in (("cold", runs[0::2]), ("warm", runs[1::2]))
+                  ) if name.startswith("compile") else (("", measured),)
+        for suffix, picked in groups:
+            _fig(report, f"9. {name}{suffix}", [r["first_step"]["phases"][i]["s"] for r in picked
+                                                if r.get("first_step")], "s", note=note)
+    return report
+
+
 def _conf(prefix: str) -> dict:
     from ultracluster.run.profiles import load_profile
     from ultracluster.run.s3 import split_s3_uri
@@ -234,6 +263,7 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
     report = report_figures(noop_walls, runs)
     report.figure("runs failed and run again", float(len(failures)), "count", "0", "; ".join(failures)[:300])
     print(f"pipeline: tables in {report.save()}", flush=True)
+    print(f"pipeline: tables in {first_step_figures(runs).save()}", flush=True)
     return report
 
 

@@ -300,6 +300,9 @@ with DAG(
         # Without the launcher the job fails (UC_ERROR); only the local profile opts into compile-only.
         launcher_fallback_env={"COMPILE_ONLY": "1"} if PROFILE.get("compile_without_launcher") is True else None,
         job_name="{{ dag.dag_id }}-compile",
+        # No auto-resume (a compile has no checkpoint), but a job EC2 had no capacity for is submitted
+        # again as the lost-node rule allows (docs/operations.md, "Capacity faults").
+        node_replacements="{{ params.node_replacements }}",
         **same_slurm_job,
     )
     train = SlurmJobOperator(

@@ -330,6 +330,8 @@ def results_document(args, runtime, progress, f) -> dict:
         metric("Compile cache misses", cache["misses"], "graphs", cache),
         metric("Data loader wait", f["wait_seconds"], "seconds",
                {"rank": 0, "first_step_seconds": progress.first_step_seconds}),
+        metric("First step", progress.first_step_seconds, "seconds",
+               {"at": progress.first_step_at, "step": f["start_step"] + 1 if progress.first_step_at else None}),
     ]
     return {"results": {"parameters": parameters, "metrics": metrics}}
 

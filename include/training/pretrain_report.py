@@ -86,10 +86,12 @@ class Progress:
         self.loop_start = self.interval_start = time.perf_counter()
         self.interval_from = start_step
         self.first_step_seconds = None
+        self.first_step_at = None  # wall clock, UTC: the pipeline's time to first step ends here
 
     def step_done(self, step):
         if self.first_step_seconds is None:
             self.first_step_seconds = time.perf_counter() - self.loop_start
+            self.first_step_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
     def report(self, reduced_loss, step, lr):
         self.last_loss = float(reduced_loss.item())

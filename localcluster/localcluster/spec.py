@@ -49,6 +49,8 @@ class Faults:
     provisioning_delay: float = 3.0
     fail_create: str | None = None            # failureCode, e.g. OnNodeConfiguredExecutionFailure
     insufficient_capacity: tuple[str, ...] = ()  # compute resource names, or ("*",)
+    # clustermgtd's insufficient_capacity_timeout: how long capacity-failed nodes stay down (0: no hold).
+    insufficient_capacity_timeout: float = 600.0
     kill_node_after: float | None = None      # seconds after a job starts on a node
     ssh_outage: tuple[float, float] | None = None  # (after, duration) seconds after CREATE_COMPLETE
     boot_delay: float = 2.0

@@ -50,6 +50,14 @@ def jobs(cluster: Path, all_states: bool = False) -> list[dict[str, str]]:
     return [{"id": i.strip(), "state": s.strip(), "name": n.strip()} for i, s, n in rows]
 
 
+def denied_launches(cluster: Path) -> int:
+    """Node launches the insufficient-capacity fault refused, from the node manager's log (-1: gone)."""
+    try:
+        return (cluster / "log" / "power.log").read_text(errors="replace").count(": insufficient capacity")
+    except OSError:
+        return -1
+
+
 def submissions(cluster: Path) -> int:
     """sbatch submissions slurmctld accepted, from its own log."""
     log = cluster / "log" / "slurmctld.log"

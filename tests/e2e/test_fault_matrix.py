@@ -36,6 +36,10 @@ SHORT = {"num_nodes": 1, "max_nodes": 1, "max_steps": 10, "steps_this_run": 10}
 LONG = {**SHORT, "max_steps": 400, "steps_this_run": 400}  # train still running when the fault comes
 OUTAGE_S = 30
 UNHEALTHY_NODE = "compute1-dy-trn1-32xl-1"  # the training queue's one dynamic node (SHORT)
+TRAINING_RESOURCE = "trn1-32xl"  # its compute resource (a tag value cannot be the knob's `*`)
+# The twin's insufficient_capacity_timeout for the capacity case (ParallelCluster's: 600 s): longer than
+# the hop from the job's end to the task reading the node's reason, or the reason would be gone.
+ICE_HOLD_S = 30
 SUITE_TIMEOUT_S = 1500
 TEARDOWNS = ("delete_cluster", "delete_vpc")
 STEPS = ("preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
@@ -100,6 +104,14 @@ CASES: dict[str, Case] = {
     "neuron-unhealthy": Case(conf={**SHORT, "extra_tags": {"local-ultracluster:neuron-unhealthy": UNHEALTHY_NODE}},
                              run_state="success", tries={"train": 1},
                              log={"train": f"Drained {UNHEALTHY_NODE}: UC health check failed: neuron"}),
+    # Insufficient capacity: EC2 refuses every launch of the training node. parallel_compile's job never
+    # starts; the lost-node rule waits out ParallelCluster's hold and submits it again once (node_replacements
+    # 1); refused again, the node is lost twice and the task fails at once naming the EC2 error; teardowns.
+    "insufficient-capacity": Case(
+        conf={**SHORT, "extra_tags": {"local-ultracluster:insufficient-capacity": TRAINING_RESOURCE,
+                                      "local-ultracluster:insufficient-capacity-timeout": str(ICE_HOLD_S)}},
+        failed=("parallel_compile",), tries={"parallel_compile": 1},
+        log={"parallel_compile": "EC2 had no capacity (InsufficientInstanceCapacity)"}, driver="count_launches"),
 }
 SUCCESS_GROUP = [name for name, case in CASES.items() if case.run_state == "success" and not case.failed]
 
@@ -136,6 +148,10 @@ def _drive(api, env, run: Run, tis: dict[str, dict]) -> None:
         submitted = fa.submissions(run.cluster)
         if train_jobs and submitted >= 0 and fa.submissions(run.cluster) == submitted:
             run.notes.update(train_jobs=train_jobs, submissions=submitted, jobs=sorted(j["id"] for j in every))
+    elif case.driver == "count_launches":
+        # Read while the cluster exists (its logs go with it): the last reading is the count.
+        if (denied := fa.denied_launches(run.cluster)) >= 0:
+            run.notes["denied_launches"] = denied
     elif case.driver in ("patch_task", "patch_run") and run.step == 0 and train == "deferred":
         job = _train_job(run)
         if job and job["state"] == "RUNNING":
@@ -276,6 +292,12 @@ def test_fault(matrix, airflow_local, case):
         assert "NODE_FAIL" in task_log(api, run.run_id, "train", 1)
     if spec.driver == "kill_triggerer":
         assert run.step == 2, run.notes
+    if spec.driver == "count_launches":
+        # Bounded: the first launch and one more after the hold (node_replacements=1), then no more.
+        assert run.notes.get("denied_launches") == 2, run.notes
+        log = task_log(api, run.run_id, "parallel_compile", 1)
+        assert "never started: EC2 had no capacity" in log and "lost 2 time(s)" in log, log[-3000:]
+        assert tis["train"]["state"] in ("upstream_failed", "skipped"), summary
 
 
 def test_concurrent_runs_kept_apart(matrix, airflow_local):

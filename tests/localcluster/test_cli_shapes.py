@@ -430,7 +430,8 @@ def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
     """spec.json: queues, counts, EFA, mount dirs, accounting, caller tags, and faults from tags and env."""
     config = make_cluster_config(static=2, dynamic=3, queues=2, accounting=True, tags={
         "local-ultracluster:provisioning-delay": "600", "local-ultracluster:insufficient-capacity": "trn1",
-        "local-ultracluster:ssh-outage": "5:10", "team": "ml"})
+        "local-ultracluster:ssh-outage": "5:10", "local-ultracluster:insufficient-capacity-timeout": "30",
+        "team": "ml"})
     env = {**uc_env, "LOCAL_UC_KILL_NODE_AFTER": "7", "LOCAL_UC_PROVISIONING_DELAY": "1"}
     code, out = run_pcluster(env, "create-cluster", "-n", "specced", "-c", str(config))
     assert code == 0, out
@@ -446,7 +447,7 @@ def test_spec_handed_to_the_runtime(pcluster: Callable[..., tuple[int, Any]],
     assert ["team", "ml"] in spec["tags"]
     # The tag wins over the variable; variables fill in what tags do not set.
     assert spec["faults"] == {"provisioning_delay": 600.0, "fail_create": None, "insufficient_capacity": ["trn1"],
-                              "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0,
+                              "insufficient_capacity_timeout": 30.0, "kill_node_after": 7.0, "ssh_outage": [5.0, 10.0], "boot_delay": 2.0,
                               "neuron_unhealthy": [], "efa_unhealthy": []}
     assert spec["config_yaml"] == config.read_text()
     delete_and_wait(uc_env, uc_home, "specced")

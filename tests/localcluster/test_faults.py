@@ -71,6 +71,35 @@ def test_insufficient_capacity_leaves_the_node_down_with_pcluster_reason(uc_home
     assert_cluster_gone(cluster)
 
 
+def test_insufficient_capacity_is_held_then_the_nodes_launch_again(uc_home: UcHome) -> None:
+    """clustermgtd's insufficient-capacity hold, as ParallelCluster's: the failed node stays down, the
+    resource's powered-down node is disabled with the code, and after insufficient_capacity_timeout both
+    are powered down (idle~), so the next job launches again (and fails again while capacity lacks)."""
+    hold_s = 8
+    cluster = uc_home.provision(spec_dict("ft-icehold", min_count=0, max_count=2, faults={
+        "insufficient_capacity": ["trn1"], "insufficient_capacity_timeout": hold_s}))
+    failed, sibling = "compute1-dy-trn1-1", "compute1-dy-trn1-2"
+
+    def launch_and_fail() -> None:
+        job_id = sbatch_job_id(cluster.slurm("sbatch", "--output", "/dev/null", "--wrap", "hostname"))
+        assert cluster.wait_job_state(job_id, {"NODE_FAIL", "FAILED", "CANCELLED", "COMPLETED"}, timeout=60) == "NODE_FAIL"
+        assert cluster.job_field(job_id, "NodeList") == failed
+
+    launch_and_fail()
+    assert cluster.node_states()[failed].startswith("down") and node_field(cluster, failed, "Reason") == ICE_REASON
+    disabled = "(Code:InsufficientInstanceCapacity)Temporarily disabling node due to insufficient capacity"
+    wait_for(lambda: disabled in cluster.slurm("scontrol", "show", "node", sibling), hold_s, "the sibling to be disabled")
+    assert cluster.node_states()[sibling].startswith("down")
+    wait_for(lambda: all(cluster.node_states()[n] == "idle~" for n in (failed, sibling)), hold_s + 60,
+             "both nodes back in power saving")
+    log = (cluster.dir / "log" / "power.log").read_text()
+    assert log.count("insufficient capacity") == 1, log
+    launch_and_fail()   # launched again: denied again
+    assert (cluster.dir / "log" / "power.log").read_text().count("insufficient capacity") == 2
+    cluster.teardown()
+    assert_cluster_gone(cluster)
+
+
 def test_kill_node_after_fails_the_running_job_and_the_node_is_replaced(uc_home: UcHome) -> None:
     cluster = uc_home.provision(spec_dict("ft-kill", min_count=2, max_count=2, faults={"kill_node_after": 3}))
     # A job that ends before the deadline is spared; the fault waits for the next one.

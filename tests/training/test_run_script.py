@@ -6,6 +6,7 @@ BERT with torchrun + gloo. tests/training/test_slurm_cluster.py runs the same th
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import time
@@ -163,6 +164,7 @@ def test_a_named_scratch_dir_that_is_missing_fails_the_job(data_dir, tmp_path):
 # ---------------------------------------------------------------- training across 2 nodes
 def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tmp_path):
     env = tiny_env(data_dir, tmp_path, MAX_STEPS="40", GRAD_ACCUM_USTEPS="2", SCALING_MODE="strong")
+    started = dt.datetime.now(dt.timezone.utc)
     codes, out = run_emulated(2, "601", env, tmp_path)
     assert codes == [0, 0], out[-3000:]
 
@@ -190,6 +192,11 @@ def test_two_nodes_loss_falls_and_results_validate(training_python, data_dir, tm
     assert metric_values(results, "Final loss") == [pytest.approx(progress[-1].loss, abs=1e-6)]
     assert len(metric_values(results, "Loss")) == 40
     assert metric_values(results, "Compile cache misses") == [0]
+    # The first step's wall-clock time (make bench's time to first step ends there): within the job.
+    (first_step,) = [m for m in results["results"]["metrics"] if m["MetricName"] == "First step"]
+    done_at = dt.datetime.fromisoformat(first_step["AdditionalData"]["at"])
+    assert first_step["AdditionalData"]["step"] == 1 and first_step["MeasuredValue"] > 0
+    assert started <= done_at <= dt.datetime.now(dt.timezone.utc), (started, first_step)
 
     logs = sorted(p.name for p in output_dir.glob("log_ph1_bf16_*"))
     assert logs == ["log_ph1_bf16_0_2", "log_ph1_bf16_1_2"]

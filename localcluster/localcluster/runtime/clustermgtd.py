@@ -9,16 +9,20 @@ terminate_down_nodes, both on by default):
 - a static node: set DOWN ("Static node maintenance: unhealthy node is being replaced"), its instance
   terminated and a new one launched; left alone while it boots, until its bootstrap resumes it
   (_handle_unhealthy_static_nodes; power.py boot).
-A dynamic node that failed to launch for want of capacity ((Code:InsufficientInstanceCapacity)...) stays
-DOWN: the real one keeps it so for insufficient_capacity_timeout (600 s) before resetting it. It acts only
-while the compute fleet is RUNNING.
+A dynamic node that failed to launch for want of capacity ((Code:InsufficientInstanceCapacity)...) is
+held instead (_handle_ice_nodes): its compute resource is disabled from the loop that first sees it (its
+powered-down nodes set DOWN, "(Code:<code>)Temporarily disabling node due to insufficient capacity"), and
+once insufficient_capacity_timeout (600 s; the `insufficient-capacity-timeout` knob here) has passed, its
+capacity-failed nodes are powered down ("Enabling node since insufficient capacity timeout expired"), back
+to idle~, so that the next job launches them again. A timeout of 0 turns the hold off: they are replaced
+as any unhealthy dynamic node. It acts only while the compute fleet is RUNNING.
 
 Local differences (docs/local-cluster.md, Fidelity): a loop every 2 s (the real LOOP_TIME is 60 s);
 nodes are judged by the scheduler's state only (no EC2 health checks, scheduled events, missing
-instances or replacement timeout; the kill-node fault sets its node DOWN itself); no protected mode and
-no reset of capacity-failed nodes. Its log, in the real one's format, is the head node's `clustermgtd`
-stream (what the CloudWatch agent ships from /var/log/parallelcluster/clustermgtd), with the lines the
-real one writes when it acts, not its routine ones.
+instances or replacement timeout; the kill-node fault sets its node DOWN itself); no protected mode.
+Its log, in the real one's format, is the head node's `clustermgtd` stream (what the CloudWatch agent
+ships from /var/log/parallelcluster/clustermgtd), with the lines the real one writes when it acts, not
+its routine ones.
 
 Run as `python -m localcluster.runtime.clustermgtd CLUSTER_DIR` (provision starts it, teardown stops it).
 """
@@ -45,7 +49,10 @@ DYNAMIC_REASON = "Scheduler health check failed"
 STATIC_REASON = "Static node maintenance: unhealthy node is being replaced"
 # slurm_resources.py: SlurmNode.EC2_ICE_ERROR_CODES, read from a reason "(Code:<code>)...".
 ICE_CODES = {"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity",
-             "MaxSpotInstanceCountExceeded"}
+             "MaxSpotInstanceCountExceeded", "Unsupported", "SpotMaxPriceTooLow"}
+ICE_DISABLE_REASON = "(Code:{code})Temporarily disabling node due to insufficient capacity"
+ICE_RESET_REASON = "Enabling node since insufficient capacity timeout expired"
+DEFAULT_INSUFFICIENT_CAPACITY_TIMEOUT_S = 600.0  # ClustermgtdConfig's insufficient_capacity_timeout
 RESUME_FAILED_STATE = frozenset({"DOWN", "CLOUD", "POWERED_DOWN", "NOT_RESPONDING"})
 _FIELD = re.compile(r"(?:^| )(NodeName|NodeAddr|State)=(\S+)")
 _REASON = re.compile(r" Reason=(.*?)(?: \[[^\]]*\])?$")
@@ -81,8 +88,17 @@ class SchedulerNode:
         return "DRAIN" not in self.states and not self.is_down and "POWERING_DOWN" not in self.states
 
     @property
+    def error_code(self) -> str:
+        return self.reason[len("(Code:"):].split(")")[0] if self.reason.startswith("(Code:") else ""
+
+    @property
     def is_ice(self) -> bool:
-        return self.reason.startswith("(Code:") and self.reason[len("(Code:"):].split(")")[0] in ICE_CODES
+        return self.error_code in ICE_CODES
+
+    @property
+    def is_powered_down(self) -> bool:
+        """SlurmNode.is_power(): a dynamic node in power saving, no instance behind it."""
+        return self.states - {"POWER_DOWN"} == {"IDLE", "CLOUD", "POWERED_DOWN"}
 
 
 def scheduler_nodes(paths: ClusterPaths) -> list[SchedulerNode]:
@@ -112,6 +128,8 @@ class ClusterManager:
         self.paths = paths
         self.stream = log_stream(paths)
         self.static_nodes_in_replacement: set[str] = set()
+        # (queue, compute resource) -> (first seen, error code): the capacity-failed resources held.
+        self.insufficient_capacity: dict[tuple[str, str], tuple[float, str]] = {}
 
     def log(self, level: str, where: str, message: str) -> None:
         """A line as parallelcluster_clustermgtd_logging.conf formats it: asctime - [logger:func] - LEVEL - msg."""
@@ -126,12 +144,15 @@ class ClusterManager:
             runtime = load_runtime(self.paths)
             if runtime["compute_fleet_status"] != "RUNNING":
                 return
-            dynamic = {n.name: n.dynamic for n in runtime_nodes(runtime)}
+            by_name = {n.name: n for n in runtime_nodes(runtime)}
+            dynamic = {name: node.dynamic for name, node in by_name.items()}
             active = [n for n in scheduler_nodes(self.paths) if n.name in dynamic]
+            hold_s = float(runtime["faults"].get("insufficient_capacity_timeout",
+                                                 DEFAULT_INSUFFICIENT_CAPACITY_TIMEOUT_S) or 0)
             # A static node stays in replacement until it is up again (_update_static_nodes_in_replacement).
             self.static_nodes_in_replacement = {n.name for n in active
                                                 if n.name in self.static_nodes_in_replacement and not n.is_up}
-            unhealthy = [n for n in active if self._is_unhealthy(n, dynamic[n.name])]
+            unhealthy = [n for n in active if self._is_unhealthy(n, dynamic[n.name], hold_s > 0)]
             unhealthy_dynamic = [n for n in unhealthy if dynamic[n.name]]
             unhealthy_static = [n for n in unhealthy if not dynamic[n.name]]
             if unhealthy_dynamic:
@@ -142,11 +163,13 @@ class ClusterManager:
                 self.log("INFO", "slurm_plugin.clustermgtd:_maintain_nodes",
                          f"Found the following unhealthy static nodes: {print_with_count(unhealthy_static)}")
                 self._handle_unhealthy_static_nodes(runtime, unhealthy_static)
+            if hold_s > 0:
+                self._handle_ice_nodes(active, by_name, hold_s)
 
-    def _is_unhealthy(self, node: SchedulerNode, dynamic: bool) -> bool:
+    def _is_unhealthy(self, node: SchedulerNode, dynamic: bool, hold_ice: bool) -> bool:
         if not (node.is_drained or node.is_down):
             return False
-        if (dynamic and node.is_ice) or (not dynamic and node.name in self.static_nodes_in_replacement):
+        if (dynamic and hold_ice and node.is_ice) or (not dynamic and node.name in self.static_nodes_in_replacement):
             return False
         where = "slurm_plugin.slurm_resources:is_state_healthy"
         state = "DRAINED" if node.is_drained else "DOWN"
@@ -163,6 +186,38 @@ class ClusterManager:
             self.log("INFO", where, "Terminating instances that are backing unhealthy dynamic nodes")
         self.log("INFO", where, "Setting unhealthy dynamic nodes to down and power_down.")
         set_node_state(self.paths, names, "POWER_DOWN_FORCE", DYNAMIC_REASON)
+
+    def _handle_ice_nodes(self, active: list[SchedulerNode], by_name: dict, hold_s: float) -> None:
+        """Hold the compute resources whose launches failed for want of capacity, then let them launch
+        again (_update_insufficient_capacity_compute_resources, _reset_timeout_expired_compute_resources,
+        _set_ice_compute_resources_to_down)."""
+        now = time.monotonic()
+        resource = {n.name: (by_name[n.name].queue, by_name[n.name].resource) for n in active}
+        ice = [n for n in active if by_name[n.name].dynamic and (n.is_down or n.is_drained) and n.is_ice]
+        for node in ice:
+            self.insufficient_capacity.setdefault(resource[node.name], (now, node.error_code))
+        if self.insufficient_capacity:
+            held = {f"{q}/{r}": code for (q, r), (_, code) in sorted(self.insufficient_capacity.items())}
+            self.log("INFO", "slurm_plugin.clustermgtd:_reset_timeout_expired_compute_resources",
+                     f"The following compute resources are in down state due to insufficient capacity: {held}, "
+                     f"compute resources will be reset after insufficient capacity timeout ({hold_s:g} seconds) "
+                     "expired. Check the slurm_resume log for EC2 error codes.")
+        expired = {key for key, (since, _) in self.insufficient_capacity.items() if now - since >= hold_s}
+        for key in expired:
+            del self.insufficient_capacity[key]
+        reset = [n.name for n in ice if resource[n.name] in expired]
+        if reset:
+            self.log("INFO", "slurm_plugin.clustermgtd:_reset_insufficient_capacity_timeout_expired_nodes",
+                     "Reset the following compute resources because insufficient capacity timeout expired: "
+                     f"{sorted(f'{q}/{r}' for q, r in expired)}")
+            set_node_state(self.paths, reset, "POWER_DOWN_FORCE", ICE_RESET_REASON)
+        disable: dict[str, list[str]] = {}
+        for node in active:
+            held = self.insufficient_capacity.get(resource[node.name])
+            if held and by_name[node.name].dynamic and node.is_powered_down:
+                disable.setdefault(held[1], []).append(node.name)
+        for code, names in disable.items():
+            set_node_state(self.paths, names, "DOWN", ICE_DISABLE_REASON.format(code=code))
 
     def _handle_unhealthy_static_nodes(self, runtime: dict, nodes: list[SchedulerNode]) -> None:
         where = "slurm_plugin.clustermgtd:_handle_unhealthy_static_nodes"

@@ -130,6 +130,7 @@ def _runtime_doc(spec: ClusterSpec, paths: ClusterPaths, slot: Slot, head_name: 
                         **{d: str(paths.shared_mount(d)) for d in spec.mount_dirs}},
         "nodes": [n.to_dict() for n in nodes],
         "faults": {"insufficient_capacity": list(spec.faults.insufficient_capacity),
+                   "insufficient_capacity_timeout": spec.faults.insufficient_capacity_timeout,
                    "kill_node_after": spec.faults.kill_node_after,
                    "ssh_outage": list(spec.faults.ssh_outage) if spec.faults.ssh_outage else None,
                    "boot_delay": spec.faults.boot_delay,

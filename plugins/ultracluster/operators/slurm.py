@@ -23,7 +23,7 @@ from ultracluster.operators.slurm_job import (
     SlurmJob,
     env_value,
 )
-from ultracluster.operators.slurm_resume import ResumeRecord, submit_resume
+from ultracluster.operators.slurm_resume import ResumeRecord, plan_resubmission, submit_again
 from ultracluster.parsers.progress import JobLog, error_reasons
 from ultracluster.run.clock import iso, utc_now
 from ultracluster.run.health import GATE_SCRIPT, gate_instance_type
@@ -34,7 +34,6 @@ from ultracluster.run.jobs import (
     SUCCEEDED,
     UNHEALTHY,
     job_outcome,
-    resume_refusal,
 )
 from ultracluster.run.lost_nodes import (
     DEFAULT_NODE_REPLACEMENTS,
@@ -99,7 +98,8 @@ class SlurmJobOperator(BaseOperator):
     :param resume_fleet_timeout: seconds an auto-resume waits for the fleet before the task fails.
     :param node_replacements: how often a node this task's jobs lose (down after a node fault) may
         be replaced before the task fails naming it (``run.lost_nodes``); the resume's fleet wait
-        applies the same rule to nodes that fail to come back.
+        applies the same rule to nodes that fail to come back. A job whose nodes EC2 had no capacity
+        for never ran: it is submitted again within this rule alone, auto-resume or not.
     :param health_gate: the instance type whose devices the node health gate expects (``run.health``;
         None: no gate). The job first runs include/training/node_health.sh on every node; a node that
         fails is drained with the reason, and the job is resubmitted like after a node fault.
@@ -218,8 +218,8 @@ class SlurmJobOperator(BaseOperator):
         store, run_id = context.get("task_state_store"), context["ti"].run_id
         record = ResumeRecord(store)
         job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id)
-        if job_id is None and record.pending:
-            job_id = submit_resume(job, record, run_id, resume_attempts(self.auto_resume_attempts))
+        if job_id is None and (record.pending or record.relaunch_pending):
+            job_id = submit_again(job, record, run_id, resume_attempts(self.auto_resume_attempts))
         elif job_id is None:
             record.reset()
             job_id = job.submit(run_id)
@@ -339,17 +339,14 @@ class SlurmJobOperator(BaseOperator):
         self._lost(context, lost.to_dict())
         if lost.past:
             raise AirflowFailException(f"{lost.failure()}\n{message}")
-        attempts = resume_attempts(self.auto_resume_attempts)
         record = ResumeRecord(context.get("task_state_store"))
         record.data["nodes_lost"] = dict(lost.counts)
-        refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
-        if refusal:
-            raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
-        record.add(event, drained)
-        self.log.warning("Slurm job %s ended %s (%s): auto-resume %d of %d once the fleet is healthy",
-                         event.get("job_id"), event.get("state"),
-                         f"unhealthy nodes drained: {', '.join(drained)}" if drained else "a node fault",
-                         len(record.resumes), attempts)
+        plan_resubmission(record, event, failed, drained, resume_attempts(self.auto_resume_attempts), message,
+                          lost, self.log)
+        return self._await_fleet(context, job, lost)
+
+    def _await_fleet(self, context: Context, job: SlurmJob, lost: LostNodes) -> dict[str, Any]:
+        """Wait for the fleet (the lost nodes replaced), then ``resume_after_fleet``."""
         head = self.head_node
         fleet = dict(cluster_name=head["cluster_name"], num_nodes=job.spec.num_nodes, partition=job.spec.partition,
                      ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id),
@@ -380,7 +377,7 @@ class SlurmJobOperator(BaseOperator):
         store, run_id = context.get("task_state_store"), context["ti"].run_id
         record = ResumeRecord(store)
         record.data["nodes_lost"] = dict(lost.counts)
-        job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id) or submit_resume(
+        job_id = job.find(store.get(STATE_KEY_JOB_ID) if store is not None else None, run_id) or submit_again(
             job, record, run_id, resume_attempts(self.auto_resume_attempts))
         return self._wait(context, job, job_id)
 

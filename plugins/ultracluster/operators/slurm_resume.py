@@ -1,5 +1,7 @@
 """Auto-resume of a Slurm job after a node fault: the record, and the resubmission from the newest
-checkpoint (docs/operations.md, "Auto-resume"). Whether to resume is ``run.jobs``' call.
+checkpoint (docs/operations.md, "Auto-resume"). Whether to resume is ``run.jobs``' call. Also the
+relaunch of a job that never started because EC2 had no capacity for its nodes (docs/operations.md,
+"Capacity faults"): submitted again as it was, not counted as a resume.
 
 The task state store keeps the record (``STATE_KEY_AUTO_RESUME``): one entry per resume, written
 before its sbatch and completed with the new job id after it, so a retry after a worker crash
@@ -13,9 +15,12 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
 from ultracluster.operators.slurm_job import SlurmJob
 from ultracluster.run.contracts import newest_checkpoint
-from ultracluster.run.jobs import resume_point, resume_summary
+from ultracluster.run.jobs import resume_point, resume_refusal, resume_summary
+from ultracluster.run.lost_nodes import LostNodes, capacity_denied
 
 # Key in the task state store; renaming it breaks auto-resume for in-flight retries.
 STATE_KEY_AUTO_RESUME = "slurm_auto_resume"
@@ -64,6 +69,56 @@ class ResumeRecord:
     def summary(self) -> dict[str, Any]:
         return resume_summary(self.data)
 
+    @property
+    def relaunch_pending(self) -> bool:
+        """The last relaunch was decided but has no job yet."""
+        relaunches = self.data.get("relaunches") or []
+        return bool(relaunches) and not relaunches[-1].get("job_id")
+
+    def add_relaunch(self, failed_job_id: str, capacity_error: str) -> None:
+        """Decide to submit again the job EC2 found no capacity for (once per failed job)."""
+        relaunches = self.data.setdefault("relaunches", [])
+        if not relaunches or relaunches[-1]["failed_job_id"] != str(failed_job_id):
+            relaunches.append({"failed_job_id": str(failed_job_id), "capacity_error": capacity_error, "job_id": None})
+        self.save()
+
+
+def submit_relaunch(job: SlurmJob, record: ResumeRecord, run_id: str, attempts: int) -> str:
+    """sbatch the pending relaunch: the job as it was (a resume: that same resume, again)."""
+    entry = record.data["relaunches"][-1]
+    if record.resumes and record.resumes[-1].get("job_id") == entry["failed_job_id"]:
+        record.resumes[-1]["job_id"] = None  # that resume never ran
+        job_id = submit_resume(job, record, run_id, attempts)
+    else:
+        job.log.warning("Submitting job %s again (it never started: %s)", entry["failed_job_id"],
+                        entry["capacity_error"])
+        job_id = job.submit(run_id)
+    entry["job_id"] = job_id
+    record.save()
+    return job_id
+
+
+def plan_resubmission(record: ResumeRecord, event: Mapping[str, Any], failed: Mapping[str, str],
+                      drained: Mapping[str, str] | None, attempts: int, message: str, lost: LostNodes,
+                      log: Any) -> None:
+    """After a node fault within the lost-node rule: a relaunch when EC2 had no capacity for the job's
+    nodes, else a resume as ``auto_resume_attempts`` allows; AirflowFailException when neither."""
+    job_id = str(event.get("job_id"))
+    if (capacity := None if drained else capacity_denied(failed)) is not None:
+        # Its nodes never launched, so the job never ran: not a resume, whatever auto_resume_attempts says.
+        record.add_relaunch(job_id, capacity)
+        log.warning("Slurm job %s never started: EC2 had no capacity for its node(s) (%s); submitting it again "
+                    "once ParallelCluster launches them again (losses/allowed: %s)", job_id, capacity,
+                    lost.describe())
+        return
+    refusal = resume_refusal(attempts, [e.get("failed_job_id") for e in record.resumes])
+    if refusal:
+        raise AirflowFailException(f"{refusal} {message}" if record.resumes else f"{message}\n({refusal})")
+    record.add(event, drained)
+    log.warning("Slurm job %s ended %s (%s): auto-resume %d of %d once the fleet is healthy", job_id,
+                event.get("state"), f"unhealthy nodes drained: {', '.join(drained)}" if drained else "a node fault",
+                len(record.resumes), attempts)
+
 
 def submit_resume(job: SlurmJob, record: ResumeRecord, run_id: str, attempts: int) -> str:
     """sbatch the record's pending resume with ``RESUME_DIR`` at the newest checkpoint."""
@@ -102,3 +157,8 @@ def submit_resume(job: SlurmJob, record: ResumeRecord, run_id: str, attempts: in
     entry["job_id"] = job_id
     record.save()
     return job_id
+
+
+def submit_again(job: SlurmJob, record: ResumeRecord, run_id: str, attempts: int) -> str:
+    """The pending relaunch (a job EC2 had no capacity for), else the pending resume."""
+    return (submit_relaunch if record.relaunch_pending else submit_resume)(job, record, run_id, attempts)

@@ -58,8 +58,12 @@ def resume_summary(record: Mapping[str, Any]) -> dict[str, Any]:
          **({"drained": entry["drained"]} if entry.get("drained") else {})}
         for entry in record.get("resumes", [])
     ]
-    return {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history,
-            "nodes_lost": dict(record.get("nodes_lost") or {})}
+    summary = {"resumes": len(history), "steps_lost": sum(e["steps_lost"] or 0 for e in history), "history": history,
+               "nodes_lost": dict(record.get("nodes_lost") or {})}
+    if record.get("relaunches"):  # jobs EC2 found no capacity for, submitted again (not resumes)
+        summary["relaunches"] = [{key: entry.get(key) for key in ("failed_job_id", "capacity_error", "job_id")}
+                                 for entry in record["relaunches"]]
+    return summary
 
 
 def resume_point(candidates: Sequence[tuple[int | None, str | None]], resume_ckpt_step: int | None,

@@ -6,9 +6,14 @@ One ledger per task, as plain data: a trigger carries it in its arguments and re
 event, the task keeps it in its state store, so retries and resumes go on counting. A loss is one
 episode: the node is lost when first seen failing (the fleet wait) or when a job ends with it failed
 (a node fault, a health gate drain), and can be lost again only once it came back healthy.
+
+A launch EC2 refused for want of capacity (insufficient capacity, ICE) is a loss like any other:
+ParallelCluster holds the node down for its insufficient_capacity_timeout, then launches it again
+(docs/operations.md, "Capacity faults").
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +24,15 @@ from typing import Any
 # 0 restores fail-at-once.
 DEFAULT_NODE_REPLACEMENTS = 1
 MAX_NODE_REPLACEMENTS = 5
+# The EC2 error codes ParallelCluster treats as insufficient capacity (aws-parallelcluster-node,
+# slurm_resources.py: SlurmNode.EC2_ICE_ERROR_CODES), as its resume writes them in a node's reason:
+# "(Code:InsufficientInstanceCapacity)Failure when resuming nodes".
+CAPACITY_ERROR_CODES = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity",
+                                  "InsufficientReservedInstanceCapacity", "MaxSpotInstanceCountExceeded",
+                                  "Unsupported", "SpotMaxPriceTooLow"})
+_ERROR_CODE = re.compile(r"\(Code:(\w+)\)")
+CAPACITY_ADVICE = ("try another Availability Zone (availability_zone_id), an On-Demand Capacity Reservation "
+                   "(capacity_reservation_id) or a Capacity Block (capacity_type CAPACITY_BLOCK)")
 
 
 def replacements(value: Any) -> int:
@@ -30,6 +44,19 @@ def replacements(value: Any) -> int:
     if isinstance(value, bool) or not 0 <= number <= MAX_NODE_REPLACEMENTS or str(number) != str(value).strip():
         raise ValueError(f"node_replacements must be 0 to {MAX_NODE_REPLACEMENTS}, got {value!r}")
     return number
+
+
+def capacity_error(reason: str | None) -> str | None:
+    """The insufficient-capacity code a node's reason names ("(Code:<code>)..."), else None."""
+    match = _ERROR_CODE.search(reason or "")
+    return match.group(1) if match and match.group(1) in CAPACITY_ERROR_CODES else None
+
+
+def capacity_denied(failed: Mapping[str, str]) -> str | None:
+    """The capacity error when every one of ``failed`` (node -> reason) was refused for want of
+    capacity, its launch never done (a job on them never started); else None."""
+    codes = {capacity_error(reason) for reason in failed.values()}
+    return ", ".join(sorted(codes)) if failed and None not in codes else None
 
 
 @dataclass
@@ -94,7 +121,10 @@ class LostNodes:
         """The message of a run that lost nodes past the limit."""
         named = "; ".join(f"{node} ({self.reasons.get(node, 'no reason given')}) lost {self.counts[node]} time(s)"
                           for node in self.past)
-        return f"Nodes lost past node_replacements={self.limit}: {named}"
+        codes = sorted({code for node in self.past if (code := capacity_error(self.reasons.get(node)))})
+        again = ", again after ParallelCluster's insufficient-capacity hold" if self.limit else ""
+        capacity = f". EC2 had no capacity ({', '.join(codes)}){again}; {CAPACITY_ADVICE}" if codes else ""
+        return f"Nodes lost past node_replacements={self.limit}: {named}{capacity}"
 
     def describe(self) -> str:
         return ", ".join(f"{node} {count}/{self.limit + 1}" for node, count in sorted(self.counts.items()))
