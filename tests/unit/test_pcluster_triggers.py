@@ -289,3 +289,57 @@ def test_stack_wait_ends_in_a_failed_or_error_event(aws, waiter, status, attempt
     stack.status = status
     [event] = asyncio.run(collect(stack_trigger(waiter, waiter_max_attempts=attempts)))
     assert (event["status"], event["reason"]) == ended and message in event["message"]
+
+
+# --- waits that end their task in the triggerer (run.returns, triggers.task_end) -----------------
+
+async def last_event(trigger):
+    return [fired async for fired in trigger.run()][-1]
+
+
+def test_a_create_wait_ends_pcluster_create_with_the_worker_paths_value(fake):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from ultracluster.operators.pcluster import CreateClusterOperator
+
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json", "describe_cluster_create_complete.json")
+    ended = asyncio.run(last_event(round_trip(status_trigger(
+        "ClusterCreateComplete", owner_run_id=RUN_ID, delete_on_kill=True, end_task=True,
+        config_s3_uri="s3://ultracluster-artifacts/runs/x/cluster-config.yaml"))))
+    assert isinstance(ended, TaskSuccessEvent)
+    fake.respond("describe-cluster", "describe_cluster_create_complete.json")
+    [plain] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
+    op = CreateClusterOperator(task_id="pcluster_create", pcluster_conn_id=CONN_ID, cluster_config={
+        "cluster_name": "uc-test", "config_s3_uri": "s3://ultracluster-artifacts/runs/x/cluster-config.yaml"})
+    assert ended.xcoms == {"return_value": op.execute_complete({"run_id": RUN_ID}, plain)}
+    assert ended.xcoms["return_value"]["cluster_status"] == "CREATE_COMPLETE"
+    assert "SECRETSIGNATURE" not in json.dumps(ended.xcoms)
+
+
+def test_a_failed_create_resumes_pcluster_create_to_clean_up(fake):
+    fake.respond("describe-cluster", "describe_cluster_create_failed.json")
+    ended = asyncio.run(last_event(status_trigger("ClusterCreateComplete", end_task=True)))
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["reason"] == "cluster_failed"
+
+
+def test_only_a_create_wait_ends_its_task():
+    with pytest.raises(ValueError, match="only a create wait"):
+        status_trigger("ClusterDeleteComplete", end_task=True)
+
+
+def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(aws):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from ultracluster.operators.vpc import CreateVpcStackOperator
+
+    aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
+    ended = asyncio.run(last_event(round_trip(stack_trigger("stack_create_complete", end_task=True))))
+    assert isinstance(ended, TaskSuccessEvent)
+    op = CreateVpcStackOperator(task_id="create_vpc", stack_name="uc-vpc-test", availability_zone_id="use1-az6",
+                                region_name="us-east-1", aws_conn_id="aws_unit")
+    assert ended.xcoms == {"return_value": op._outputs()}
+    assert ended.xcoms["return_value"]["vpc_id"].startswith("vpc-")
+
+    aws.delete_stack(StackName="uc-vpc-test")
+    ended = asyncio.run(last_event(stack_trigger("stack_delete_complete", end_task=True)))
+    assert ended.xcoms == {"return_value": {"deleted": True, "stack_name": "uc-vpc-test"}}

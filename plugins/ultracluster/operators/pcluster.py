@@ -33,6 +33,7 @@ from ultracluster.parsers.pcluster import (
     public_description,
     region_from_arn,
 )
+from ultracluster.run.returns import cluster_created
 from ultracluster.run.states import (
     CREATE_COMPLETE,
     CREATE_FAILED,
@@ -205,10 +206,11 @@ class CreateClusterOperator(BaseOperator):
         if status in (CREATE_COMPLETE, UPDATE_COMPLETE):
             return self._result(description)
         if status == CREATE_IN_PROGRESS:
+            # CREATE_COMPLETE ends the task in the triggerer (the same _result); a failure resumes it here.
             self.defer(
-                trigger=status_trigger(self, 
-                    "ClusterCreateComplete", owner_run_id=context["run_id"], delete_on_kill=True
-                ),
+                trigger=status_trigger(self, "ClusterCreateComplete", owner_run_id=context["run_id"],
+                                       delete_on_kill=True, end_task=True,
+                                       config_s3_uri=self.cluster_config.get("config_s3_uri")),
                 method_name="execute_complete",
             )
         if status == CREATE_FAILED:
@@ -279,15 +281,7 @@ class CreateClusterOperator(BaseOperator):
     def _result(self, description: dict) -> dict:
         public = public_description(description)
         self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
-        return {
-            "cluster_name": self.cluster_name,
-            "cluster_status": public.get("clusterStatus"),
-            "region": public.get("region"),
-            "cloudformation_stack_arn": public.get("cloudformationStackArn"),
-            "head_node": public.get("headNode") or {},
-            "config_s3_uri": self.cluster_config.get("config_s3_uri"),
-            "created_at": public.get("creationTime"),
-        }
+        return cluster_created(self.cluster_name, public, self.cluster_config.get("config_s3_uri"))
 
     def on_kill(self) -> None:
         # The wait runs in the triggerer (ClusterStatusTrigger.on_kill deletes there); nothing runs here.

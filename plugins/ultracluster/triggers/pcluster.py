@@ -13,10 +13,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.parsers.pcluster import PclusterError, failures, public_description
 from ultracluster.run.events import event
+from ultracluster.run.returns import cluster_created, ends_task
 from ultracluster.run.states import DELETE_COMPLETE, GONE, cluster_verdict
 from ultracluster.run.tags import cluster_owner
 from ultracluster.triggers.backoff import api_delay
 from ultracluster.triggers.kill_guard import should_delete_on_kill
+from ultracluster.triggers.task_end import task_success
 from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
@@ -36,6 +38,8 @@ class ClusterStatusTrigger(BaseTrigger):
         cluster carrying it (on_kill can also fire on a triggerer hand-over, so never touch others').
     :param delete_on_kill: delete the cluster when a user kills the waiting task (create waits:
         a teardown is skipped when its setup did not succeed, so nobody else would delete it).
+    :param end_task: a create wait that succeeds ends pcluster_create here (``triggers.task_end``),
+        returning ``run.returns.cluster_created`` with ``config_s3_uri``; any other end resumes it.
     """
 
     def __init__(
@@ -49,6 +53,8 @@ class ClusterStatusTrigger(BaseTrigger):
         max_attempts: int = 240,
         owner_run_id: str | None = None,
         delete_on_kill: bool = False,
+        end_task: bool = False,
+        config_s3_uri: str | None = None,
     ) -> None:
         super().__init__()
         self.cluster_name = cluster_name
@@ -59,6 +65,10 @@ class ClusterStatusTrigger(BaseTrigger):
         self.max_attempts = max_attempts
         self.owner_run_id = owner_run_id
         self.delete_on_kill = delete_on_kill
+        if end_task and waiter_name != "ClusterCreateComplete":
+            raise ValueError("end_task: only a create wait ends its task (delete_cluster bills the run afterwards)")
+        self.end_task = bool(end_task)
+        self.config_s3_uri = config_s3_uri
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -72,6 +82,8 @@ class ClusterStatusTrigger(BaseTrigger):
                 "max_attempts": self.max_attempts,
                 "owner_run_id": self.owner_run_id,
                 "delete_on_kill": self.delete_on_kill,
+                "end_task": self.end_task,
+                "config_s3_uri": self.config_s3_uri,
             },
         )
 
@@ -116,7 +128,11 @@ class ClusterStatusTrigger(BaseTrigger):
                 if state != RETRY:
                     reason = ("complete" if state == SUCCESS
                               else "cluster_gone" if cluster_verdict(status) == GONE else "cluster_failed")
-                    yield self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
+                    end = self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
+                    if ends_task(end.payload, self.end_task):
+                        end = task_success(self.log, end.payload, cluster_created(
+                            self.cluster_name, end.payload["description"], self.config_s3_uri))
+                    yield end
                     return
             await asyncio.sleep(api_delay(self.poll_interval, consecutive_errors))
         yield self._event("timeout", f"cluster {self.cluster_name} still {description.get('clusterStatus', 'unknown')} "
