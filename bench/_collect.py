@@ -61,7 +61,8 @@ def collect(deployment, watch, run: dict) -> dict:
         if ti and ti.get("try_number"):
             logs[task] = tl.log_events(deployment.task_log(DAG_ID, run_id, task, ti["try_number"]))
     xcoms = {}
-    for task in ("restore_compile_cache", "parallel_compile"):  # did the warm run find the cold run's cache?
+    # did the warm run find the cold run's cache? when did wait_for_fleet see the fleet ready?
+    for task in ("restore_compile_cache", "parallel_compile", "wait_for_fleet"):
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task}/xcomEntries/return_value"
         value = (deployment.client.get(path, missing_ok=True) or {}).get("value")
         xcoms[task] = json.loads(value) if isinstance(value, str) and value.startswith("{") else value

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 import ultracluster.sensors.fleet as fleet_sensor_module
 import ultracluster.triggers.fleet as fleet_trigger_module
+from tests.unit.triggerer import in_triggerer
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity
@@ -316,29 +317,30 @@ def run_to_end(trigger, pcluster, monkeypatch):
     return asyncio.run(first())
 
 
-def test_a_fleet_seen_ready_ends_the_task_in_the_triggerer_with_the_worker_paths_value(first_contact, monkeypatch):
+def test_a_fleet_seen_ready_ends_the_task_in_the_triggerer_with_the_worker_paths_value(first_contact, monkeypatch, pushed):
     from airflow.triggers.base import TaskSuccessEvent
 
     identity = cluster_identity(described("create_complete"))
     pinned = dict(host_key=HOST_KEY, host_key_cluster=identity)  # what the task state store holds already
-    ended = run_to_end(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True),
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True)),
                        FakePcluster(described("create_complete")), monkeypatch)
     assert isinstance(ended, TaskSuccessEvent) and first_contact == []
     # The worker path, given the plain event of the same wait, returns the same XCom.
-    plain = run_to_end(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned),
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    plain = run_to_end(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True),
                        FakePcluster(described("create_complete")), monkeypatch)
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
-    assert ended.xcoms == {"return_value": sensor.execute_complete(ctx(DictStore()), plain.payload)}
-    assert ended.xcoms["return_value"]["ready_at"] == "2026-12-03T10:00:00+00:00"
+    assert pushed == {"return_value": sensor.execute_complete(ctx(DictStore()), plain.payload)}
+    assert pushed["return_value"]["ready_at"] == "2026-12-03T10:00:00+00:00"
 
 
-def test_a_fleet_wait_with_something_new_to_store_resumes_the_worker(first_contact, monkeypatch):
+def test_a_fleet_wait_with_something_new_to_store_resumes_the_worker(first_contact, monkeypatch, pushed):
     """A first contact made in the trigger (or a ledger that changed) must reach the task state store,
     where a cleared task finds its pin: the worker stores it."""
-    ended = run_to_end(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), end_task=True),
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), end_task=True)),
                        FakePcluster(described("create_complete")), monkeypatch)
     assert type(ended).__name__ == "TriggerEvent" and ended.payload["status"] == "success"
-    assert ended.payload["host_key"] == HOST_KEY and first_contact == [("198.51.100.44", 2222)]
+    assert ended.payload["host_key"] == HOST_KEY and first_contact == [("198.51.100.44", 2222)] and pushed == {}
     store = DictStore()
     ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2).execute_complete(
         ctx(store), ended.payload)

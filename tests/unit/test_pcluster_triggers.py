@@ -9,6 +9,7 @@ import pytest
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.fixtures_localcluster import free_port, install_moto_stack_deletes
+from tests.unit.triggerer import in_triggerer
 from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
@@ -297,29 +298,30 @@ async def last_event(trigger):
     return [fired async for fired in trigger.run()][-1]
 
 
-def test_a_create_wait_ends_pcluster_create_with_the_worker_paths_value(fake):
+def test_a_create_wait_ends_pcluster_create_with_the_worker_paths_value(fake, pushed):
     from airflow.triggers.base import TaskSuccessEvent
 
     from ultracluster.operators.pcluster import CreateClusterOperator
 
     fake.respond("describe-cluster", "describe_cluster_create_in_progress.json", "describe_cluster_create_complete.json")
-    ended = asyncio.run(last_event(round_trip(status_trigger(
-        "ClusterCreateComplete", owner_run_id=RUN_ID, delete_on_kill=True, end_task=True,
-        config_s3_uri="s3://ultracluster-artifacts/runs/x/cluster-config.yaml"))))
+    asked = dict(owner_run_id=RUN_ID, delete_on_kill=True, end_task=True,
+                 config_s3_uri="s3://ultracluster-artifacts/runs/x/cluster-config.yaml")
+    ended = asyncio.run(last_event(in_triggerer(round_trip(status_trigger("ClusterCreateComplete", **asked)))))
     assert isinstance(ended, TaskSuccessEvent)
     fake.respond("describe-cluster", "describe_cluster_create_complete.json")
-    [plain] = asyncio.run(collect(status_trigger("ClusterCreateComplete")))
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    [plain] = asyncio.run(collect(status_trigger("ClusterCreateComplete", **asked)))
     op = CreateClusterOperator(task_id="pcluster_create", pcluster_conn_id=CONN_ID, cluster_config={
         "cluster_name": "uc-test", "config_s3_uri": "s3://ultracluster-artifacts/runs/x/cluster-config.yaml"})
-    assert ended.xcoms == {"return_value": op.execute_complete({"run_id": RUN_ID}, plain)}
-    assert ended.xcoms["return_value"]["cluster_status"] == "CREATE_COMPLETE"
-    assert "SECRETSIGNATURE" not in json.dumps(ended.xcoms)
+    assert pushed == {"return_value": op.execute_complete({"run_id": RUN_ID}, plain)}
+    assert pushed["return_value"]["cluster_status"] == "CREATE_COMPLETE"
+    assert "SECRETSIGNATURE" not in json.dumps(pushed)
 
 
-def test_a_failed_create_resumes_pcluster_create_to_clean_up(fake):
+def test_a_failed_create_resumes_pcluster_create_to_clean_up(fake, pushed):
     fake.respond("describe-cluster", "describe_cluster_create_failed.json")
-    ended = asyncio.run(last_event(status_trigger("ClusterCreateComplete", end_task=True)))
-    assert type(ended).__name__ == "TriggerEvent" and ended.payload["reason"] == "cluster_failed"
+    ended = asyncio.run(last_event(in_triggerer(status_trigger("ClusterCreateComplete", end_task=True))))
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["reason"] == "cluster_failed" and pushed == {}
 
 
 def test_only_a_create_wait_ends_its_task():
@@ -327,19 +329,19 @@ def test_only_a_create_wait_ends_its_task():
         status_trigger("ClusterDeleteComplete", end_task=True)
 
 
-def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(aws):
+def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(aws, pushed):
     from airflow.triggers.base import TaskSuccessEvent
 
     from ultracluster.operators.vpc import CreateVpcStackOperator
 
     aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
-    ended = asyncio.run(last_event(round_trip(stack_trigger("stack_create_complete", end_task=True))))
+    ended = asyncio.run(last_event(in_triggerer(round_trip(stack_trigger("stack_create_complete", end_task=True)))))
     assert isinstance(ended, TaskSuccessEvent)
     op = CreateVpcStackOperator(task_id="create_vpc", stack_name="uc-vpc-test", availability_zone_id="use1-az6",
                                 region_name="us-east-1", aws_conn_id="aws_unit")
-    assert ended.xcoms == {"return_value": op._outputs()}
-    assert ended.xcoms["return_value"]["vpc_id"].startswith("vpc-")
+    assert pushed == {"return_value": op._outputs()}
+    assert pushed["return_value"]["vpc_id"].startswith("vpc-")
 
     aws.delete_stack(StackName="uc-vpc-test")
-    ended = asyncio.run(last_event(stack_trigger("stack_delete_complete", end_task=True)))
-    assert ended.xcoms == {"return_value": {"deleted": True, "stack_name": "uc-vpc-test"}}
+    ended = asyncio.run(last_event(in_triggerer(stack_trigger("stack_delete_complete", end_task=True))))
+    assert isinstance(ended, TaskSuccessEvent) and pushed == {"return_value": {"deleted": True, "stack_name": "uc-vpc-test"}}

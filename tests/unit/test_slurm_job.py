@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
+from tests.unit.triggerer import in_triggerer
 from ultracluster.run.events import event
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
@@ -544,7 +545,7 @@ def finished_job(log_read: bool = True) -> ReplayHeadNode:
                           tail=[CommandResult(0, "UC_INFO launch mode=compile_only path=/opt/bin/npc\n", "")])
 
 
-def test_a_completed_job_ends_the_task_in_the_triggerer_with_the_worker_paths_value(training_dir, monkeypatch):
+def test_a_completed_job_ends_the_task_in_the_triggerer_with_the_worker_paths_value(training_dir, monkeypatch, pushed):
     from airflow.triggers.base import TaskSuccessEvent
 
     from ultracluster.parsers import job_end
@@ -560,6 +561,7 @@ def test_a_completed_job_ends_the_task_in_the_triggerer_with_the_worker_paths_va
     assert waiting.task_end["started_at"] == "2026-11-30T08:05:00+00:00" and waiting.task_end["launcher"] is True
 
     waiting._slurm = lambda: SlurmHook(head_node_hook=finished_job())
+    in_triggerer(waiting, "train")
 
     async def first(t):
         async for fired in t.run():
@@ -568,25 +570,26 @@ def test_a_completed_job_ends_the_task_in_the_triggerer_with_the_worker_paths_va
     ended = asyncio.run(first(waiting))
     assert isinstance(ended, TaskSuccessEvent)
     # The worker path, resumed with the plain event of the same wait, returns the same value.
-    plain = run_trigger(trigger(**{**waiting.serialize()[1], "task_end": None}), finished_job())
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    plain = run_trigger(trigger(**waiting.serialize()[1]), finished_job())
     op._hook = SlurmHook(head_node_hook=finished_job(log_read=False))
     worker_ctx = context()
     worker_ctx["ti"].start_date = ctx["ti"].start_date
-    assert ended.xcoms["return_value"] == op.execute_complete(worker_ctx, plain)
-    assert ended.xcoms["return_value"]["compile_cache"] == {"backend": "neuron", "hits": 3, "misses": 1}
-    assert ended.xcoms["return_value"]["launch"] == {"mode": "compile_only", "path": "/opt/bin/npc"}
+    assert pushed["return_value"] == op.execute_complete(worker_ctx, plain)
+    assert pushed["return_value"]["compile_cache"] == {"backend": "neuron", "hits": 3, "misses": 1}
+    assert pushed["return_value"]["launch"] == {"mode": "compile_only", "path": "/opt/bin/npc"}
     # The Slurm Job page's values, with the job's end state, as the worker path pushes them.
-    assert ended.xcoms[SlurmJobLink.key] == worker_ctx["ti"].xcom[SlurmJobLink.key]
-    assert ended.xcoms[SlurmJobLink.key]["state"] == "COMPLETED"
+    assert pushed[SlurmJobLink.key] == worker_ctx["ti"].xcom[SlurmJobLink.key]
+    assert pushed[SlurmJobLink.key]["state"] == "COMPLETED"
 
 
-def test_a_failed_job_resumes_the_task_on_a_worker(training_dir):
+def test_a_failed_job_resumes_the_task_on_a_worker(training_dir, pushed):
     """A failure has work only a worker can do (a resume after a node fault, no retry for UC_ERROR)."""
     end = {"output_dir": "/fsx/j/output_5", "started_at": None, "auto_resume": {}, "health_gate": None,
            "launcher": False, "link_key": SlurmJobLink.key, "link": {}}
     replay = ReplayHeadNode(scontrol=[recorded("scontrol_timeout")], read=[log_chunk(0, b"")])
-    ended = run_trigger(trigger(job_id="5", task_end=end), replay)
-    assert (ended["status"], ended["state"]) == ("failed", "TIMEOUT")
+    ended = run_trigger(in_triggerer(trigger(job_id="5", task_end=end)), replay)
+    assert (ended["status"], ended["state"], pushed) == ("failed", "TIMEOUT", {})
 
 
 def test_trigger_does_not_follow_a_job_id_that_now_names_another_job():

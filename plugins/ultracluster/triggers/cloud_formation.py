@@ -10,10 +10,10 @@ from airflow.triggers.base import TriggerEvent
 
 from ultracluster.hooks.network_stack import NetworkStackHook
 from ultracluster.run.events import event
-from ultracluster.run.returns import ends_task, network_created, stack_deleted, stack_outputs
+from ultracluster.run.returns import network_created, stack_deleted, stack_outputs
 from ultracluster.run.tags import RUN_ID_TAG
 from ultracluster.triggers.kill_guard import should_delete_on_kill
-from ultracluster.triggers.task_end import task_success
+from ultracluster.triggers.task_end import ending, task_success
 
 # Waiter name -> what a failure is called in the task log.
 _FAILURES = {"stack_create_complete": "Stack creation failed", "stack_delete_complete": "Stack deletion failed"}
@@ -87,17 +87,17 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
                     yield raised  # built by _event_from_exception
                     continue
                 done = event("complete", f"Stack {self.stack_name}: done", stack_name=self.stack_name)
-                yield await self._task_end(done) if ends_task(done, self.end_task) else TriggerEvent(done)
+                yield await self._task_end(done) if ending(self, done, self.end_task) else TriggerEvent(done)
         except Exception as error:  # an endpoint or credentials error: the task still cleans up
             self.log.exception("Waiting for stack %s failed", self.stack_name)
             yield self._event_from_exception(error)
 
     async def _task_end(self, done: dict[str, Any]) -> TriggerEvent:
         if self.waiter_name == "stack_delete_complete":
-            return task_success(self.log, done, stack_deleted(self.stack_name))
+            return await task_success(self, done, stack_deleted(self.stack_name))
         async with await self.hook().get_async_conn() as client:
             stack = (await client.describe_stacks(StackName=self.stack_name))["Stacks"][0]
-        return task_success(self.log, done, network_created(self.stack_name, self.region_name, stack_outputs(stack)))
+        return await task_success(self, done, network_created(self.stack_name, self.region_name, stack_outputs(stack)))
 
     async def on_kill(self) -> None:
         if not await should_delete_on_kill(self, self.stack_name):

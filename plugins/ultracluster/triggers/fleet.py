@@ -42,10 +42,10 @@ from ultracluster.run.clock import utc_now
 from ultracluster.run.events import event
 from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
 from ultracluster.run.lost_nodes import DEFAULT_NODE_REPLACEMENTS, LostNodes
-from ultracluster.run.returns import ends_task, fleet_ready
+from ultracluster.run.returns import fleet_ready
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.backoff import api_delay
-from ultracluster.triggers.task_end import task_success
+from ultracluster.triggers.task_end import ending, task_success
 
 # Seconds between the head node's sinfo checks while the Slurm gate waits.
 NODE_CHECK_INTERVAL_S = 1.0
@@ -260,8 +260,8 @@ class ComputeFleetTrigger(BaseTrigger):
             if judgement.verdict == READY:
                 end = self._event("complete", judgement.message, head_node=head_node, ready_at=utc_now())
                 stored = self._stored == (self.host_key, self.host_key_cluster, self._lost.to_dict())
-                if ends_task(end.payload, self.end_task and stored):
-                    end = task_success(self.log, end.payload, fleet_ready(head_node, end.payload["ready_at"]))
+                if ending(self, end.payload, self.end_task and stored):
+                    end = await task_success(self, end.payload, fleet_ready(head_node, end.payload["ready_at"]))
                 yield end
                 return
             if judgement.verdict == FAILED:

@@ -13,12 +13,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.parsers.pcluster import PclusterError, failures, public_description
 from ultracluster.run.events import event
-from ultracluster.run.returns import cluster_created, ends_task
+from ultracluster.run.returns import cluster_created
 from ultracluster.run.states import DELETE_COMPLETE, GONE, cluster_verdict
 from ultracluster.run.tags import cluster_owner
 from ultracluster.triggers.backoff import api_delay
 from ultracluster.triggers.kill_guard import should_delete_on_kill
-from ultracluster.triggers.task_end import task_success
+from ultracluster.triggers.task_end import ending, task_success
 from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
@@ -129,8 +129,8 @@ class ClusterStatusTrigger(BaseTrigger):
                     reason = ("complete" if state == SUCCESS
                               else "cluster_gone" if cluster_verdict(status) == GONE else "cluster_failed")
                     end = self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
-                    if ends_task(end.payload, self.end_task):
-                        end = task_success(self.log, end.payload, cluster_created(
+                    if ending(self, end.payload, self.end_task):
+                        end = await task_success(self, end.payload, cluster_created(
                             self.cluster_name, end.payload["description"], self.config_s3_uri))
                     yield end
                     return

@@ -22,10 +22,10 @@ from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmHook
 from ultracluster.parsers.job_end import job_end_result
 from ultracluster.parsers.progress import JobLog
 from ultracluster.run.events import event
-from ultracluster.run.returns import ends_task, job_results_path
+from ultracluster.run.returns import job_results_path
 from ultracluster.triggers.backoff import backoff
 from ultracluster.triggers.kill_guard import task_is_still_deferred
-from ultracluster.triggers.task_end import task_success
+from ultracluster.triggers.task_end import ending, task_success
 
 # Largest log read in one command: a very chatty job cannot keep the loop on one read.
 MAX_READ_BYTES = 262_144
@@ -166,7 +166,7 @@ class SlurmJobTrigger(BaseTrigger):
                             reason = "complete" if status.succeeded else "job_failed"
                             end = self._event(reason, f"Slurm job {self.job_id} ended {status.state}",
                                               **status.to_dict())
-                            if ends_task(end.payload, self.task_end is not None):
+                            if ending(self, end.payload, self.task_end is not None):
                                 end = await self._end_task(slurm, conn, end.payload)
                             yield end
                             return
@@ -206,7 +206,7 @@ class SlurmJobTrigger(BaseTrigger):
             return TriggerEvent(payload)
         result = job_end_result(payload, end, files, log_path=self.log_path, results_path=results_path, log=self.log)
         link = {**(end.get("link") or {}), "state": payload.get("state")}
-        return task_success(self.log, payload, result, **{end["link_key"]: link} if end.get("link_key") else {})
+        return await task_success(self, payload, result, **{end["link_key"]: link} if end.get("link_key") else {})
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious).

@@ -22,7 +22,7 @@ from ultracluster.run.events import event
 from ultracluster.run.states import run_state_name
 from ultracluster.run.sweep import HOLD, RELEASE, network_hold, on_network, read_index
 from ultracluster.triggers.backoff import api_delay
-from ultracluster.triggers.task_end import task_success
+from ultracluster.triggers.task_end import ending, task_success
 
 # Failed looks in a row (S3 or the API server unreachable) before the wait ends and the task fails.
 MAX_CONSECUTIVE_ERRORS = 5
@@ -54,8 +54,9 @@ def hold_message(verdict: str, summary: dict[str, Any], open_runs: list[str], ma
 
 class SweepNetworkTrigger(BaseTrigger):
     """Until the network is released (or held for ``max_hold_hours`` since ``since``, ISO-8601): then
-    ``TaskSuccessEvent`` with ``run.sweep.network_hold``'s return value. Looks that keep failing end
-    the wait with an ``api_error`` event (the task then fails)."""
+    ``TaskSuccessEvent`` with ``run.sweep.network_hold``'s return value (outside a triggerer, the
+    ``complete`` event with it as ``summary``). Looks that keep failing end the wait with an
+    ``api_error`` event (the task then fails)."""
 
     def __init__(self, *, vpc_id: str | None, sweep_id: str, points: int, source_dag_id: str, artifacts_s3_uri: str,
                  since: str, max_hold_hours: float, poll_interval: float = 60,
@@ -86,7 +87,8 @@ class SweepNetworkTrigger(BaseTrigger):
             errors = 0
             message = hold_message(verdict, summary, open_runs, self.kwargs["max_hold_hours"])
             if verdict != HOLD:
-                yield task_success(self.log, {"message": message}, summary)
+                done = event("complete", message, summary=summary)
+                yield await task_success(self, done, summary) if ending(self, done, True) else TriggerEvent(done)
                 return
             if message != said:
                 self.log.info("%s; looking every %s s", message, self.poll_interval)

@@ -1,23 +1,45 @@
-"""Ending a task from its trigger: Airflow 3's ``TaskSuccessEvent``, with the task's return value.
+"""Ending a task from its trigger: Airflow 3's ``TaskSuccessEvent``, after the task's XComs.
 
-The triggerer then marks the task successful and pushes the XComs itself (``airflow.models.trigger``'s
+The triggerer then marks the task successful itself (``airflow.models.trigger``'s
 ``handle_event_submit``): no worker resumes the task, so its successor starts one Airflow hop
 sooner. A trigger ends its task only when the task asked for it and the wait succeeded
 (``run.returns.ends_task``), with the return value the operator's worker path would build
 (``run.returns``). Every other end is the plain event (``run.events``), and the worker decides.
+
+The XComs go through the Task SDK (``XCom.aset``: the triggerer's supervisor stores them through
+the execution API, as a worker's), not in the event: Airflow 3.3.2 stores an event's ``xcoms`` as
+JSON text, which a later task then reads back as a string, not the value
+(tests/integration/test_task_end_events.py).
+
+Only a triggerer ends a task: it gives a task's trigger its task instance. ``dag.test()`` (Airflow
+3.3.2) runs a trigger inline without one, and would resume the task with the event's state string;
+there the trigger yields the plain event and the worker path returns the same value.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
+
+from ultracluster.run.returns import ends_task
 
 RETURN_KEY = "return_value"  # Airflow's own key of a task's return value
 
 
-def task_success(log: Any, payload: Mapping[str, Any], result: Any, **xcoms: Any) -> TriggerEvent:
-    """End the task: ``result`` as its return value, ``xcoms`` (key -> value) beside it."""
-    log.info("%s. The task ends here, from the triggerer: no worker resumes it.", payload.get("message") or "Done")
-    log.info("Returned value was: %s", result)
-    return TaskSuccessEvent(xcoms={RETURN_KEY: result, **xcoms})
+def ending(trigger: Any, payload: Mapping[str, Any], asked: bool) -> bool:
+    """Does ``trigger`` end its task with this event (``run.returns.ends_task``, in a triggerer)?"""
+    return ends_task(payload, asked) and trigger.task_instance is not None
+
+
+async def task_success(trigger: Any, payload: Mapping[str, Any], result: Any, **xcoms: Any) -> TriggerEvent:
+    """End ``trigger``'s task: ``result`` as its return value, ``xcoms`` (key -> value) beside it."""
+    ti = trigger.task_instance
+    map_index = ti.map_index if getattr(ti, "map_index", None) is not None else -1
+    for key, value in {**xcoms, RETURN_KEY: result}.items():
+        await XCom.aset(key, value, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
+    trigger.log.info("%s. The task ends here, from the triggerer: no worker resumes it.",
+                     payload.get("message") or "Done")
+    trigger.log.info("Returned value was: %s", result)
+    return TaskSuccessEvent()
