@@ -510,3 +510,18 @@ def test_nodes_that_stay_unusable_fail_the_wait_after_the_grace(head_nodes):
                                   stuck_after_s=0)
     assert verdict == FAILED and "compute1-st-trn1-2 (drained: Kernel panic on boot)" in reason, reason
     assert make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), stuck_after_s=0).serialize()[1]["stuck_after_s"] == 0
+
+
+def test_xcoms_that_cannot_be_pushed_leave_the_end_to_the_worker(first_contact, monkeypatch):
+    from ultracluster.triggers import task_end
+
+    class Refusing:
+        @staticmethod
+        async def aset(*_args, **_kwargs):
+            raise ConnectionError("supervisor gone")
+
+    monkeypatch.setattr(task_end, "XCom", Refusing)
+    pinned = dict(host_key=HOST_KEY, host_key_cluster=cluster_identity(described("create_complete")))
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True)),
+                       FakePcluster(described("create_complete")), monkeypatch)
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["status"] == "success"

@@ -95,8 +95,13 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
     async def _task_end(self, done: dict[str, Any]) -> TriggerEvent:
         if self.waiter_name == "stack_delete_complete":
             return await task_success(self, done, stack_deleted(self.stack_name))
-        async with await self.hook().get_async_conn() as client:
-            stack = (await client.describe_stacks(StackName=self.stack_name))["Stacks"][0]
+        try:
+            async with await self.hook().get_async_conn() as client:
+                stack = (await client.describe_stacks(StackName=self.stack_name))["Stacks"][0]
+        except Exception as error:  # the stack is there: the worker reads its outputs again
+            self.log.warning("Reading stack %s's outputs failed (%s): the task resumes on a worker", self.stack_name,
+                             error)
+            return TriggerEvent(done)
         return await task_success(self, done, network_created(self.stack_name, self.region_name, stack_outputs(stack)))
 
     async def on_kill(self) -> None:

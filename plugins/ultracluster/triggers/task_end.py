@@ -34,11 +34,16 @@ def ending(trigger: Any, payload: Mapping[str, Any], asked: bool) -> bool:
 
 
 async def task_success(trigger: Any, payload: Mapping[str, Any], result: Any, **xcoms: Any) -> TriggerEvent:
-    """End ``trigger``'s task: ``result`` as its return value, ``xcoms`` (key -> value) beside it."""
+    """End ``trigger``'s task: ``result`` as its return value, ``xcoms`` (key -> value) beside it. If
+    the XComs cannot be pushed, the plain event (``payload``) resumes the task instead."""
     ti = trigger.task_instance
     map_index = ti.map_index if getattr(ti, "map_index", None) is not None else -1
-    for key, value in {**xcoms, RETURN_KEY: result}.items():
-        await XCom.aset(key, value, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
+    try:
+        for key, value in {**xcoms, RETURN_KEY: result}.items():
+            await XCom.aset(key, value, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
+    except Exception as error:  # the supervisor did not take them: the worker path pushes its own
+        trigger.log.warning("Pushing the task's XComs failed (%s): the task resumes on a worker", error)
+        return TriggerEvent(dict(payload))
     trigger.log.info("%s. The task ends here, from the triggerer: no worker resumes it.",
                      payload.get("message") or "Done")
     trigger.log.info("Returned value was: %s", result)
