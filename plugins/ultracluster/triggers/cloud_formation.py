@@ -86,13 +86,13 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
                 if raised.payload.get("status") != "success":
                     yield raised  # built by _event_from_exception
                     continue
-                done = event("complete", f"Stack {self.stack_name}: done", stack_name=self.stack_name)
-                yield await self._task_end(done) if ending(self, done, self.end_task) else TriggerEvent(done)
+                done = TriggerEvent(event("complete", f"Stack {self.stack_name}: done", stack_name=self.stack_name))
+                yield await self._task_end(done) if ending(self, done.payload, self.end_task) else done
         except Exception as error:  # an endpoint or credentials error: the task still cleans up
             self.log.exception("Waiting for stack %s failed", self.stack_name)
             yield self._event_from_exception(error)
 
-    async def _task_end(self, done: dict[str, Any]) -> TriggerEvent:
+    async def _task_end(self, done: TriggerEvent) -> TriggerEvent:
         if self.waiter_name == "stack_delete_complete":
             return await task_success(self, done, stack_deleted(self.stack_name))
         try:
@@ -101,7 +101,7 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
         except Exception as error:  # the stack is there: the worker reads its outputs again
             self.log.warning("Reading stack %s's outputs failed (%s): the task resumes on a worker", self.stack_name,
                              error)
-            return TriggerEvent(done)
+            return done
         return await task_success(self, done, network_created(self.stack_name, self.region_name, stack_outputs(stack)))
 
     async def on_kill(self) -> None:

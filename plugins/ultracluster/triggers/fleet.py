@@ -261,7 +261,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 end = self._event("complete", judgement.message, head_node=head_node, ready_at=utc_now())
                 stored = self._stored == (self.host_key, self.host_key_cluster, self._lost.to_dict())
                 if ending(self, end.payload, self.end_task and stored):
-                    end = await task_success(self, end.payload, fleet_ready(head_node, end.payload["ready_at"]))
+                    end = await task_success(self, end, fleet_ready(head_node, end.payload["ready_at"]))
                 yield end
                 return
             if judgement.verdict == FAILED:

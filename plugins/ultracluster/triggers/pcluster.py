@@ -130,7 +130,7 @@ class ClusterStatusTrigger(BaseTrigger):
                               else "cluster_gone" if cluster_verdict(status) == GONE else "cluster_failed")
                     end = self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
                     if ending(self, end.payload, self.end_task):
-                        end = await task_success(self, end.payload, cluster_created(
+                        end = await task_success(self, end, cluster_created(
                             self.cluster_name, end.payload["description"], self.config_s3_uri))
                     yield end
                     return

@@ -167,7 +167,7 @@ class SlurmJobTrigger(BaseTrigger):
                             end = self._event(reason, f"Slurm job {self.job_id} ended {status.state}",
                                               **status.to_dict())
                             if ending(self, end.payload, self.task_end is not None):
-                                end = await self._end_task(slurm, conn, end.payload)
+                                end = await self._end_task(slurm, conn, end)
                             yield end
                             return
                         self.job_log.restart_stream()
@@ -193,9 +193,10 @@ class SlurmJobTrigger(BaseTrigger):
                 yield self._event("trigger_error", f"{type(err).__name__}: {err}")
                 return
 
-    async def _end_task(self, slurm: SlurmHook, conn: Any, payload: dict[str, Any]) -> TriggerEvent:
-        """The task's end (``task_end``): what the job left, read over ``conn``, and the return value."""
-        end = self.task_end or {}
+    async def _end_task(self, slurm: SlurmHook, conn: Any, done: TriggerEvent) -> TriggerEvent:
+        """The task's end (``task_end``): what the job left, read over ``conn``, and the return value;
+        ``done``, the plain event, when that cannot be read."""
+        end, payload = self.task_end or {}, done.payload
         results_path = job_results_path(payload, end["output_dir"])
         try:
             files = await slurm.ajob_end_files(self.job_dir, self.job_id, results_path, conn=conn,
@@ -203,10 +204,10 @@ class SlurmJobTrigger(BaseTrigger):
                                                launcher=bool(end.get("launcher")))
         except Exception as err:  # e.g. the connection broke: the worker reads them again
             self.log.warning("Reading what job %s left failed (%s): the task resumes on a worker", self.job_id, err)
-            return TriggerEvent(payload)
+            return done
         result = job_end_result(payload, end, files, log_path=self.log_path, results_path=results_path, log=self.log)
         link = {**(end.get("link") or {}), "state": payload.get("state")}
-        return await task_success(self, payload, result, **{end["link_key"]: link} if end.get("link_key") else {})
+        return await task_success(self, done, result, **{end["link_key"]: link} if end.get("link_key") else {})
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious).

@@ -87,8 +87,8 @@ class SweepNetworkTrigger(BaseTrigger):
             errors = 0
             message = hold_message(verdict, summary, open_runs, self.kwargs["max_hold_hours"])
             if verdict != HOLD:
-                done = event("complete", message, summary=summary)
-                yield await task_success(self, done, summary) if ending(self, done, True) else TriggerEvent(done)
+                done = TriggerEvent(event("complete", message, summary=summary))
+                yield await task_success(self, done, summary) if ending(self, done.payload, True) else done
                 return
             if message != said:
                 self.log.info("%s; looking every %s s", message, self.poll_interval)

@@ -33,9 +33,9 @@ def ending(trigger: Any, payload: Mapping[str, Any], asked: bool) -> bool:
     return ends_task(payload, asked) and trigger.task_instance is not None
 
 
-async def task_success(trigger: Any, payload: Mapping[str, Any], result: Any, **xcoms: Any) -> TriggerEvent:
+async def task_success(trigger: Any, end: TriggerEvent, result: Any, **xcoms: Any) -> TriggerEvent:
     """End ``trigger``'s task: ``result`` as its return value, ``xcoms`` (key -> value) beside it. If
-    the XComs cannot be pushed, the plain event (``payload``) resumes the task instead."""
+    the XComs cannot be pushed, the plain event ``end`` resumes the task instead."""
     ti = trigger.task_instance
     map_index = ti.map_index if getattr(ti, "map_index", None) is not None else -1
     try:
@@ -43,8 +43,8 @@ async def task_success(trigger: Any, payload: Mapping[str, Any], result: Any, **
             await XCom.aset(key, value, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
     except Exception as error:  # the supervisor did not take them: the worker path pushes its own
         trigger.log.warning("Pushing the task's XComs failed (%s): the task resumes on a worker", error)
-        return TriggerEvent(dict(payload))
+        return end
     trigger.log.info("%s. The task ends here, from the triggerer: no worker resumes it.",
-                     payload.get("message") or "Done")
+                     end.payload.get("message") or "Done")
     trigger.log.info("Returned value was: %s", result)
     return TaskSuccessEvent()
