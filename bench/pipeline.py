@@ -104,8 +104,12 @@ def analyse(r: dict) -> dict:
     # wait_for_fleet looks once in its worker first: a fleet ready then has no trigger event
     fleet = r["xcoms"].get("wait_for_fleet") if isinstance(r["xcoms"].get("wait_for_fleet"), dict) else {}
     seen = tl.parse_time(fleet.get("ready_at"))
-    out["waits"]["fleet"]["to_seen_ready_s"] = (seen - r["create_complete"] if seen is not None
-                                                and r["create_complete"] is not None else None)
+    done = r["create_complete"]
+    out["waits"]["fleet"]["to_seen_ready_s"] = seen - done if seen is not None and done is not None else None
+    # Where CREATE_COMPLETE -> fleet seen ready goes: pcluster_create's end, wait_for_fleet's start
+    out["fleet_chain"] = {step: (t - done if t is not None and done is not None else None) for step, t in (
+        ("pcluster_create ends", r["tis"].get("pcluster_create", {}).get("end")),
+        ("wait_for_fleet starts", r["tis"].get("wait_for_fleet", {}).get("start")))}
     ti = r["tis"].get("parallel_compile", {})
     jobs = tl.submitted_jobs(r["logs"].get("parallel_compile", []))
     job = r["jobs"].get(jobs[-1]) if jobs else None
@@ -158,6 +162,8 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
         _fig(report, f"3. {wait}: trigger event -> next task start", [w["event_to_next_s"] for w in ws], "s",
              "< 1 s median", "Airflow's hops after the event: none to a worker where the trigger ends the task")
         if wait == "fleet":
+            for step in ("pcluster_create ends", "wait_for_fleet starts"):
+                _fig(report, f"3. fleet: CREATE_COMPLETE -> {step}", [r["fleet_chain"][step] for r in runs], "s")
             _fig(report, "3. fleet: CREATE_COMPLETE -> fleet seen ready", [w["to_seen_ready_s"] for w in ws], "s",
                  "2 s median", "ready_at in wait_for_fleet's XCom: its worker's first look, or its trigger")
         for key, what in (("ssh", "SSH connections"), ("pcluster", "pcluster calls"), ("aws", "AWS requests")):
@@ -230,7 +236,8 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
     for _ in range(3):
         run = _run(d, NOOP_ID, None, failures)
         noop_walls.append(tl.parse_time(run["end_date"]) - tl.parse_time(run["start_date"]))
-        print(f"pipeline: no-op run {len(noop_walls)}: {noop_walls[-1]:.1f} s", flush=True)
+        print(f"pipeline: no-op run {len(noop_walls)}: {noop_walls[-1]:.1f} s, load average {os.getloadavg()[0]:.1f}",
+              flush=True)
     records, runs = [], []
     with ClusterWatch(d.home) as watch:
         for pair in range(PAIRS):
@@ -241,7 +248,8 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
                 records.append(record)
                 runs.append(analyse(record))
                 print(f"pipeline: pair {pair + 1} {kind}: wall {runs[-1]['wall_s']:.1f} s, busy "
-                      f"{runs[-1]['busy_s']:.1f} s, compile {runs[-1]['compile']}", flush=True)
+                      f"{runs[-1]['busy_s']:.1f} s, compile {runs[-1]['compile']}, load average "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pipeline-runs.json").write_text(json.dumps(
         {"noop_walls": noop_walls, "failed_runs": failures, "runs": runs, "records": records}, indent=1, default=str) + "\n")
