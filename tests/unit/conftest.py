@@ -35,4 +35,5 @@ def pushed(monkeypatch: pytest.MonkeyPatch) -> dict:
             values[key] = json.loads(json.dumps(value))
 
     monkeypatch.setattr(task_end, "XCom", Recorder)
+    monkeypatch.setitem(task_end._warmed, "done", True)  # no execution API here to warm up
     return values

@@ -525,3 +525,22 @@ def test_xcoms_that_cannot_be_pushed_leave_the_end_to_the_worker(first_contact, 
     ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True)),
                        FakePcluster(described("create_complete")), monkeypatch)
     assert type(ended).__name__ == "TriggerEvent" and ended.payload["status"] == "success"
+
+
+def test_a_trigger_that_may_end_its_task_warms_the_execution_api_up_once_per_process(monkeypatch):
+    from ultracluster.triggers import task_end
+
+    asked = []
+    monkeypatch.setattr(task_end, "get_dagrun_state", lambda dag_id, run_id: asked.append((dag_id, run_id)))
+    monkeypatch.setitem(task_end._warmed, "done", False)
+
+    async def start(trigger, end_task):
+        task_end.warm_up(trigger, end_task)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(start(make_trigger(SinfoHeadNode(sinfo("sinfo_idle"))), True))  # dag.test(): no task instance
+    asyncio.run(start(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))), False))  # not asked
+    assert asked == []
+    for _ in range(2):
+        asyncio.run(start(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))), True))
+    assert asked == [("trn1_bert_pretrain", "manual__2026-12-03T10:00:00+00:00")]

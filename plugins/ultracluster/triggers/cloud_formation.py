@@ -13,7 +13,7 @@ from ultracluster.run.events import event
 from ultracluster.run.returns import network_created, stack_deleted, stack_outputs
 from ultracluster.run.tags import RUN_ID_TAG
 from ultracluster.triggers.kill_guard import should_delete_on_kill
-from ultracluster.triggers.task_end import ending, task_success
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Waiter name -> what a failure is called in the task log.
 _FAILURES = {"stack_create_complete": "Stack creation failed", "stack_delete_complete": "Stack deletion failed"}
@@ -81,6 +81,7 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
         return TriggerEvent(event(reason, str(error), stack_name=self.stack_name))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.end_task)
         try:
             async for raised in super().run():
                 if raised.payload.get("status") != "success":

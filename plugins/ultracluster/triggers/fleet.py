@@ -45,7 +45,7 @@ from ultracluster.run.lost_nodes import DEFAULT_NODE_REPLACEMENTS, LostNodes
 from ultracluster.run.returns import fleet_ready
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.backoff import api_delay
-from ultracluster.triggers.task_end import ending, task_success
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Seconds between the head node's sinfo checks while the Slurm gate waits.
 NODE_CHECK_INTERVAL_S = 1.0
@@ -239,6 +239,7 @@ class ComputeFleetTrigger(BaseTrigger):
                                   lost_nodes=self._lost.to_dict(), **fields))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.end_task)
         pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
         api_errors = 0
         while True:

@@ -18,7 +18,7 @@ from ultracluster.run.states import DELETE_COMPLETE, GONE, cluster_verdict
 from ultracluster.run.tags import cluster_owner
 from ultracluster.triggers.backoff import api_delay
 from ultracluster.triggers.kill_guard import should_delete_on_kill
-from ultracluster.triggers.task_end import ending, task_success
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
@@ -98,6 +98,7 @@ class ClusterStatusTrigger(BaseTrigger):
             description=public_description(description)))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.end_task)
         waiter = load_waiter("pcluster", self.waiter_name)
         hook = self._hook()
         consecutive_errors = 0

@@ -25,7 +25,7 @@ from ultracluster.run.events import event
 from ultracluster.run.returns import job_results_path
 from ultracluster.triggers.backoff import backoff
 from ultracluster.triggers.kill_guard import task_is_still_deferred
-from ultracluster.triggers.task_end import ending, task_success
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Largest log read in one command: a very chatty job cannot keep the loop on one read.
 MAX_READ_BYTES = 262_144
@@ -140,6 +140,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.job_log.flush(final=final)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.task_end is not None)
         slurm = self._slurm()
         head_node_hook = slurm.head_node_hook
         last_contact = time.monotonic()

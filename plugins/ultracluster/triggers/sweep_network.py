@@ -22,7 +22,7 @@ from ultracluster.run.events import event
 from ultracluster.run.states import run_state_name
 from ultracluster.run.sweep import HOLD, RELEASE, network_hold, on_network, read_index
 from ultracluster.triggers.backoff import api_delay
-from ultracluster.triggers.task_end import ending, task_success
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Failed looks in a row (S3 or the API server unreachable) before the wait ends and the task fails.
 MAX_CONSECUTIVE_ERRORS = 5
@@ -72,6 +72,7 @@ class SweepNetworkTrigger(BaseTrigger):
                 {**self.kwargs, "poll_interval": self.poll_interval})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, True)
         errors, said = 0, ""
         while True:
             await asyncio.sleep(api_delay(self.poll_interval, errors))

@@ -11,21 +11,46 @@ the execution API, as a worker's), not in the event: Airflow 3.3.2 stores an eve
 JSON text, which a later task then reads back as a string, not the value
 (tests/integration/test_task_end_events.py).
 
+The triggerer's supervisor serves a trigger's first Task SDK request slowly in Airflow 3.3.2 (its
+in-process execution API starts then: seconds, 25 s on the loaded 2-core machine, and the supervisor
+serves nothing else meanwhile). ``warm_up`` makes a cheap request when a trigger that may end its
+task starts, once per triggerer process, so that cost falls inside the wait, not after the awaited
+change.
+
 Only a triggerer ends a task: it gives a task's trigger its task instance. ``dag.test()`` (Airflow
 3.3.2) runs a trigger inline without one, and would resume the task with the event's state string;
 there the trigger yields the plain event and the worker path returns the same value.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk.execution_time.xcom import XCom
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
+from ultracluster.hooks.dag_runs import get_dagrun_state
 from ultracluster.run.returns import ends_task
 
 RETURN_KEY = "return_value"  # Airflow's own key of a task's return value
+_warmed = {"done": False}  # per triggerer process
+
+
+def warm_up(trigger: Any, asked: bool) -> None:
+    """If ``trigger`` may end its task, start the supervisor's execution API now (``get_dagrun_state``
+    of its own run, in a thread, in the background), the first time in this process."""
+    ti = trigger.task_instance
+    if not asked or ti is None or _warmed["done"]:
+        return
+    _warmed["done"] = True
+
+    def request() -> None:
+        with contextlib.suppress(Exception):  # only a warm-up: the task's end asks again
+            get_dagrun_state(ti.dag_id, ti.run_id)
+
+    asyncio.get_running_loop().run_in_executor(None, request)
 
 
 def ending(trigger: Any, payload: Mapping[str, Any], asked: bool) -> bool:
