@@ -324,9 +324,46 @@ def test_a_failed_create_resumes_pcluster_create_to_clean_up(fake, pushed):
     assert type(ended).__name__ == "TriggerEvent" and ended.payload["reason"] == "cluster_failed" and pushed == {}
 
 
-def test_only_a_create_wait_ends_its_task():
-    with pytest.raises(ValueError, match="only a create wait"):
+def test_a_delete_wait_ends_delete_cluster_only_once_it_billed_the_cluster():
+    with pytest.raises(ValueError, match="once it billed"):
         status_trigger("ClusterDeleteComplete", end_task=True)
+
+
+def test_a_delete_wait_bills_and_ends_delete_cluster_with_the_worker_paths_value(fake, aws, pushed, monkeypatch):
+    """The bill (hooks.usage) over aiobotocore in the trigger, over the sync hooks in the worker: the same."""
+    import boto3
+    from airflow.triggers.base import TaskSuccessEvent
+
+    import ultracluster.operators.pcluster_delete as delete_module
+    import ultracluster.triggers.pcluster as trigger_module
+    from ultracluster.hooks.cluster_instances import CLUSTER_NAME_TAG
+    from ultracluster.operators.pcluster_delete import DeleteClusterOperator
+
+    endpoint = aws.meta.endpoint_url
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    [instance] = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="c5.xlarge",
+                                   TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                       {"Key": CLUSTER_NAME_TAG, "Value": "uc-test"}]}])["Instances"]
+    ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])  # a bill that no longer grows
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="ultracluster-artifacts")
+    s3.put_object(Bucket="ultracluster-artifacts", Key="runs/r1/results.json", Body=b'{"results": {}}')
+    for module in (delete_module, trigger_module):
+        monkeypatch.setattr(module, "utc_now", lambda: "2026-12-03T10:00:00+00:00")
+    op = DeleteClusterOperator(task_id="delete_cluster", cluster_name="uc-test", pcluster_conn_id=CONN_ID,
+                               aws_conn_id="aws_unit", region_name="us-east-1", results_uri="s3://ultracluster-artifacts/runs/r1/")
+    trigger = in_triggerer(round_trip(status_trigger("ClusterDeleteComplete", end_task=True, bill=op._bill())))
+    fake.respond("describe-cluster", "describe_cluster_delete_in_progress.json", ("error_describe_cluster_not_found.json", 1))
+    ended = asyncio.run(last_event(trigger))
+    assert isinstance(ended, TaskSuccessEvent)
+    usage = pushed["return_value"]["usage"]
+    assert (usage["instances"], usage["unended"], usage["measured_at"]) == (1, 0, "2026-12-03T10:00:00+00:00")
+    written = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key="runs/r1/results.json")["Body"].read())
+    assert written["usage"] == usage
+    # The worker path, resumed with the plain event of the same wait, returns the same value.
+    fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    [plain] = asyncio.run(collect(status_trigger("ClusterDeleteComplete", end_task=True, bill=op._bill())))
+    assert pushed["return_value"] == op.execute_complete({"run_id": RUN_ID}, plain)
 
 
 def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(aws, pushed):

@@ -59,6 +59,12 @@ def cluster_created(cluster_name: str, description: Mapping[str, Any], config_s3
     }
 
 
+def cluster_deleted(cluster_name: str, deleted_at: str | None, usage: Mapping[str, Any] | None) -> dict[str, Any]:
+    """delete_cluster: the cluster is gone; ``usage``, its bill from EC2 (``hooks.usage``; None: unknown)."""
+    return {"cluster_name": cluster_name, "deleted": True, "deleted_at": deleted_at,
+            "usage": dict(usage) if usage is not None else None}
+
+
 def fleet_ready(head_node: Mapping[str, Any], ready_at: str) -> dict[str, Any]:
     """wait_for_fleet: the head node every later task reaches (address, pinned key, partition);
     ``ready_at``, when the wait saw the fleet ready, starts the run's idle fleet time."""
