@@ -131,13 +131,17 @@ class CreateClusterOperator(BaseOperator):
         else:
             self._admit(hook)  # defers while the node cap is full
             try:
-                self._create(hook)
+                # create-cluster's answer is the new cluster's (status, stack, region): the wait starts
+                # from it, with this run's tags (render_config's), without a describe-cluster first.
+                description = self._create(hook)
             except ClusterAlreadyExistsError:
                 # A previous try created it after our describe: reattach like above.
                 self.log.info("Cluster %s appeared meanwhile: reattaching", self.cluster_name)
-            description = hook.describe_cluster(self.cluster_name)
-            if cluster_owner(description) != run_id:
-                raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
+                description = {}
+            if not description.get("clusterStatus"):
+                description = hook.describe_cluster(self.cluster_name)
+                if cluster_owner(description) != run_id:
+                    raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
         return self._continue(context, hook, description)
 
     def _admit(self, hook) -> None:
@@ -173,7 +177,8 @@ class CreateClusterOperator(BaseOperator):
         self._waiting_since = waiting_since
         return self.execute(context)
 
-    def _create(self, hook) -> None:
+    def _create(self, hook) -> dict:
+        """create-cluster with the config from S3; returns its answer's ``cluster``."""
         config_yaml = S3Hook(aws_conn_id=self.aws_conn_id).read_key(
             self.cluster_config["config_s3_key"], self.cluster_config["bucket"]
         )
@@ -194,6 +199,7 @@ class CreateClusterOperator(BaseOperator):
         for message in result.get("validationMessages") or []:
             self.log.warning("Validation %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
         self.log.info("create-cluster accepted %s", self.cluster_name)
+        return dict(result.get("cluster") or {})
 
     def _continue(self, context: Context, hook, description: dict) -> dict:
         """Act on the cluster's current status: done, wait, or clean up and fail."""
