@@ -77,8 +77,9 @@ def collect(deployment, watch, run: dict) -> dict:
         if ti and ti.get("try_number"):
             logs[task] = tl.log_events(deployment.task_log(DAG_ID, run_id, task, ti["try_number"]))
     xcoms = {}
-    # Did the warm run find the cold run's cache? Where did collect_results put results.json?
-    for task in ("restore_compile_cache", "parallel_compile", "collect_results"):
+    # Did the warm run find the cold run's cache? Where did collect_results put results.json? When did
+    # wait_for_fleet see the fleet ready?
+    for task in ("restore_compile_cache", "parallel_compile", "collect_results", "wait_for_fleet"):
         path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task}/xcomEntries/return_value"
         value = (deployment.client.get(path, missing_ok=True) or {}).get("value")
         xcoms[task] = json.loads(value) if isinstance(value, str) and value.startswith("{") else value

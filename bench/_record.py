@@ -49,6 +49,8 @@ def machine() -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
         "memory_gib": _memory_gib(), "python": platform.python_version(),
+        # a shared machine: what else ran meanwhile (1, 5 and 15 min load averages, when the report is saved)
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
         "airflow": _version([str(venvs / "airflow" / "bin" / "airflow"), "version"]),
         "slurm": _version(["/usr/sbin/slurmctld", "-V"]),  # reads no slurm.conf, unlike sinfo
         "torch": _version([str(venvs / "training" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"]),

@@ -13,7 +13,9 @@ prefix. One run at a time.
    job completion log: power-up of dynamic nodes included), the delete (the delete-cluster call to
    the "deleted" ledger line) — over the no-op DAG's wall time.
 3. Reaction latency per wait, from the state change as the local cluster, Slurm or moto records it,
-   to the trigger's event ("Trigger fired event", Airflow's own line) and to the next task's start;
+   to the trigger's event ("Trigger fired event", Airflow's own line) and to the next task's start,
+   and from the event to the next task's start (Airflow's hops; for wait_for_fleet, which looks once
+   in its worker first, also CREATE_COMPLETE to the ``ready_at`` of its XCom);
    with the SSH connections (sshd's log), pcluster calls (logs/pcluster-calls.jsonl) and AWS requests
    (moto's log) made while deferred, and per hour of waiting at the production profile's rates.
 4. Worker-slot seconds per wait: the task log's worker segments (Pre Execute to the end of Post
@@ -91,6 +93,8 @@ def analyse(r: dict) -> dict:
         watching = max([change, *tl.deferred(events)[:1]]) if change is not None else None
         out["waits"][wait] = {
             "to_event_s": fire - change if fire is not None else None,
+            # Airflow's part: the trigger's event (the task ends there, or a worker resumes it) to the next task
+            "event_to_next_s": nxt - fire if nxt is not None and fire is not None else None,
             # from when the trigger could first see it: the change, or the deferral if that came later
             "watch_to_event_s": fire - watching if fire is not None else None,
             "to_next_s": nxt - change if nxt is not None and change is not None else None,
@@ -101,6 +105,15 @@ def analyse(r: dict) -> dict:
             # moto logs whole seconds, truncated: a request at t is logged in [t - 1, t]
             "aws": tl.count_in(r["aws"], [(s - 1, e) for s, e in windows]),
         }
+    # wait_for_fleet looks once in its worker first: a fleet ready then has no trigger event
+    fleet = r["xcoms"].get("wait_for_fleet") if isinstance(r["xcoms"].get("wait_for_fleet"), dict) else {}
+    seen = tl.parse_time(fleet.get("ready_at"))
+    done = r["create_complete"]
+    out["waits"]["fleet"]["to_seen_ready_s"] = seen - done if seen is not None and done is not None else None
+    # Where CREATE_COMPLETE -> fleet seen ready goes: pcluster_create's end, wait_for_fleet's start
+    out["fleet_chain"] = {step: (t - done if t is not None and done is not None else None) for step, t in (
+        ("pcluster_create ends", r["tis"].get("pcluster_create", {}).get("end")),
+        ("wait_for_fleet starts", r["tis"].get("wait_for_fleet", {}).get("start")))}
     ti = r["tis"].get("parallel_compile", {})
     jobs = tl.submitted_jobs(r["logs"].get("parallel_compile", []))
     job = r["jobs"].get(jobs[-1]) if jobs else None
@@ -155,6 +168,13 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
         _fig(report, f"3. {wait}: trigger watching -> trigger event", [w["watch_to_event_s"] for w in ws], "s",
              note="from the later of the change and the deferral")
         _fig(report, f"3. {wait}: state change -> next task start", [w["to_next_s"] for w in ws], "s")
+        _fig(report, f"3. {wait}: trigger event -> next task start", [w["event_to_next_s"] for w in ws], "s",
+             "< 1 s median", "Airflow's hops after the event: none to a worker where the trigger ends the task")
+        if wait == "fleet":
+            for step in ("pcluster_create ends", "wait_for_fleet starts"):
+                _fig(report, f"3. fleet: CREATE_COMPLETE -> {step}", [r["fleet_chain"][step] for r in runs], "s")
+            _fig(report, "3. fleet: CREATE_COMPLETE -> fleet seen ready", [w["to_seen_ready_s"] for w in ws], "s",
+                 "2 s median", "ready_at in wait_for_fleet's XCom: its worker's first look, or its trigger")
         for key, what in (("ssh", "SSH connections"), ("pcluster", "pcluster calls"), ("aws", "AWS requests")):
             _fig(report, f"3. {wait}: {what} per wait", [w[key] for w in ws], "count", note="while deferred")
             _fig(report, f"3. {wait}: {what} per hour (production rates)",
@@ -245,7 +265,8 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
     for _ in range(3):
         run = _run(d, NOOP_ID, None, failures)
         noop_walls.append(tl.parse_time(run["end_date"]) - tl.parse_time(run["start_date"]))
-        print(f"pipeline: no-op run {len(noop_walls)}: {noop_walls[-1]:.1f} s", flush=True)
+        print(f"pipeline: no-op run {len(noop_walls)}: {noop_walls[-1]:.1f} s, load average {os.getloadavg()[0]:.1f}",
+              flush=True)
     records, runs = [], []
     with ClusterWatch(d.home) as watch:
         for pair in range(PAIRS):
@@ -256,7 +277,8 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
                 records.append(record)
                 runs.append(analyse(record))
                 print(f"pipeline: pair {pair + 1} {kind}: wall {runs[-1]['wall_s']:.1f} s, busy "
-                      f"{runs[-1]['busy_s']:.1f} s, compile {runs[-1]['compile']}", flush=True)
+                      f"{runs[-1]['busy_s']:.1f} s, compile {runs[-1]['compile']}, load average "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pipeline-runs.json").write_text(json.dumps(
         {"noop_walls": noop_walls, "failed_runs": failures, "runs": runs, "records": records}, indent=1, default=str) + "\n")

@@ -27,6 +27,9 @@ export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$AIRFLOW_PORT/ex
 # Closes a deferral race seen in 3.3.2 (field notes; apache/airflow #71580).
 export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL=1
 export AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL=5
+# How long an idle scheduler loop sleeps (Airflow's default 1 s): after a task ends, in a worker or in
+# the triggerer, its successor starts at the next loop (docs/operations.md, "Scheduler settings").
+export AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME=${AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME:-0.25}
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=$AIRFLOW_HOME/passwords.json
 export ULTRACLUSTER_PROFILE=${ULTRACLUSTER_PROFILE:-local}

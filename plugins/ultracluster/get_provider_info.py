@@ -38,7 +38,7 @@ def get_provider_info() -> dict:
         "triggers": [
             {"integration-name": _PCLUSTER, "python-modules": [
                 "ultracluster.triggers.pcluster", "ultracluster.triggers.cloud_formation",
-                "ultracluster.triggers.fleet", "ultracluster.triggers.image"]},
+                "ultracluster.triggers.fleet", "ultracluster.triggers.image", "ultracluster.triggers.sweep_network"]},
             {"integration-name": _SLURM, "python-modules": ["ultracluster.triggers.slurm"]},
         ],
         "extra-links": [

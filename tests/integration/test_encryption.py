@@ -3,6 +3,7 @@
 ServerSideEncryption only when the PUT asked for it, so an unencrypted write shows."""
 from __future__ import annotations
 
+import json
 import logging
 import urllib.parse
 from types import SimpleNamespace
@@ -149,16 +150,34 @@ def test_the_compile_cache_archive_is_saved_encrypted_and_restores(tmp_path, aws
     assert (other / "inductor" / "graph.py").read_text() == "compiled"
 
 
-def test_usage_json_and_the_rewritten_results_json_are_encrypted(artifacts):
-    from ultracluster.operators.usage import write_beside_results
+@pytest.mark.parametrize("driver", ["worker", "trigger"])
+def test_usage_json_and_the_rewritten_results_json_are_encrypted(artifacts, moto_endpoint, driver):
+    """delete_cluster's bill, by its worker (sync hooks) or by the trigger that ends it (aiobotocore)."""
+    import asyncio
 
-    prefix = "runs/results/trn1_bert_pretrain/r1/"
-    artifacts.put_object(Bucket=BUCKET, Key=prefix + "results.json", Body=b"{}", ServerSideEncryption="AES256")
-    op = SimpleNamespace(aws_conn_id="uc_test_aws", results_uri=f"s3://{BUCKET}/{prefix}", s3_encryption=KMS,
-                         log=logging.getLogger("test"))
-    write_beside_results(op, {"usd": 1.0}, op.results_uri)
+    import boto3
+
+    from ultracluster.hooks.cluster_instances import CLUSTER_NAME_TAG
+    from ultracluster.hooks.usage import arecord_usage, record_usage
+
+    cluster = f"uc-enc-{driver}"
+    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="c5.xlarge", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": CLUSTER_NAME_TAG, "Value": cluster}]}])
+    prefix = f"runs/results/trn1_bert_pretrain/{driver}/"
+    artifacts.put_object(Bucket=BUCKET, Key=prefix + "results.json", Body=b'{"results": {}}',
+                         ServerSideEncryption="AES256")
+    spec = {"cluster_name": cluster, "aws_conn_id": "uc_test_aws", "region_name": "us-east-1",
+            "results_uri": f"s3://{BUCKET}/{prefix}", "fsx_storage_capacity_gib": None, "s3_encryption": KMS}
+    log = logging.getLogger("test")
+    usage = (record_usage(log, spec, "2026-12-03T10:00:00+00:00") if driver == "worker"
+             else asyncio.run(arecord_usage(log, spec, "2026-12-03T10:00:00+00:00")))
+    assert usage["cluster_name"] == cluster and usage["instances"] == 1 and usage["unended"] == 1
     for name in ("usage.json", "results.json"):
         assert encryption(artifacts, prefix + name) == ("aws:kms", KMS["SSEKMSKeyId"])
+    written = json.loads(artifacts.get_object(Bucket=BUCKET, Key=prefix + "results.json")["Body"].read())
+    assert written == {"results": {}, "usage": usage}
 
 
 def test_the_sweep_index_and_the_write_probe_are_encrypted(artifacts, monkeypatch):

@@ -70,6 +70,7 @@ def test_create_submits_the_config_from_s3_and_defers(env):
     with pytest.raises(TaskDeferred) as deferred:
         create_op().execute(context)
 
+    assert env.verbs() == ["describe-cluster", "create-cluster"]  # the wait starts from create-cluster's answer
     create_argv = next(argv for argv in env.calls() if argv[0] == "create-cluster")
     assert create_argv[1:3] == ["--cluster-name", "uc-test"]
     config_path = create_argv[create_argv.index("--cluster-configuration") + 1]
@@ -313,8 +314,8 @@ def test_a_cluster_that_fits_beside_the_others_is_created(env, tmp_path):
     env.respond("create-cluster", "create_cluster.json")
     with pytest.raises(TaskDeferred):
         create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=4).execute(make_context())
-    assert env.verbs() == ["describe-cluster", "list-clusters", "describe-cluster", "create-cluster",
-                           "describe-cluster"]
+    # The wait starts from create-cluster's own answer: no describe-cluster after it.
+    assert env.verbs() == ["describe-cluster", "list-clusters", "describe-cluster", "create-cluster"]
 
 
 def other_cluster(tmp_path, status: str, nodes_tag: int | None) -> None:

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 import ultracluster.sensors.fleet as fleet_sensor_module
 import ultracluster.triggers.fleet as fleet_trigger_module
+from tests.unit.triggerer import in_triggerer
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity
@@ -304,6 +305,48 @@ def test_trigger_run_waits_then_fires(first_contact):
     assert head_node.connections == 1 and head_node.conns == ["conn-1"]
 
 
+def run_to_end(trigger, pcluster, monkeypatch):
+    """The trigger's one event, with describe-cluster answered by ``pcluster`` and a fixed clock."""
+    monkeypatch.setattr(fleet_trigger_module, "ParallelClusterHook", lambda **_: pcluster)
+    monkeypatch.setattr(fleet_trigger_module, "utc_now", lambda: "2026-12-03T10:00:00+00:00")
+
+    async def first():
+        async for fired in trigger.run():
+            return fired
+
+    return asyncio.run(first())
+
+
+def test_a_fleet_seen_ready_ends_the_task_in_the_triggerer_with_the_worker_paths_value(first_contact, monkeypatch, pushed):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    identity = cluster_identity(described("create_complete"))
+    pinned = dict(host_key=HOST_KEY, host_key_cluster=identity)  # what the task state store holds already
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True)),
+                       FakePcluster(described("create_complete")), monkeypatch)
+    assert isinstance(ended, TaskSuccessEvent) and first_contact == []
+    # The worker path, given the plain event of the same wait, returns the same XCom.
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    plain = run_to_end(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True),
+                       FakePcluster(described("create_complete")), monkeypatch)
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
+    assert pushed == {"return_value": sensor.execute_complete(ctx(DictStore()), plain.payload)}
+    assert pushed["return_value"]["ready_at"] == "2026-12-03T10:00:00+00:00"
+
+
+def test_a_fleet_wait_with_something_new_to_store_resumes_the_worker(first_contact, monkeypatch, pushed):
+    """A first contact made in the trigger (or a ledger that changed) must reach the task state store,
+    where a cleared task finds its pin: the worker stores it."""
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), end_task=True)),
+                       FakePcluster(described("create_complete")), monkeypatch)
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["status"] == "success"
+    assert ended.payload["host_key"] == HOST_KEY and first_contact == [("198.51.100.44", 2222)] and pushed == {}
+    store = DictStore()
+    ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2).execute_complete(
+        ctx(store), ended.payload)
+    assert store[STATE_KEY_HOST_KEY]["host_key"] == HOST_KEY
+
+
 def test_a_failing_describe_cluster_backs_off_and_a_success_resets_the_rate(first_contact, monkeypatch):
     from ultracluster.parsers.pcluster import PclusterError
 
@@ -359,7 +402,16 @@ def ssh_conn(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_ULTRACLUSTER_HEAD_NODE", json.dumps({"conn_type": "ssh", "login": "ultracluster", "port": 2222}))
 
 
-def test_sensor_defers_with_stored_host_key(ssh_conn):
+@pytest.fixture
+def describe_as(monkeypatch):
+    """The sensor's worker-side describe-cluster (sensors.fleet.ParallelClusterHook)."""
+    def answer(*descriptions):
+        monkeypatch.setattr(fleet_sensor_module, "ParallelClusterHook", lambda *_a, **_k: FakeDescribe(*descriptions))
+    return answer
+
+
+def test_sensor_defers_with_stored_host_key(ssh_conn, describe_as):
+    describe_as(described("create_in_progress"))  # the worker's first look: not up yet
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2, timeout=600,
                                 region_name="eu-west-1")
     assert "region_name" in sensor.template_fields
@@ -368,24 +420,50 @@ def test_sensor_defers_with_stored_host_key(ssh_conn):
     trigger = deferred.value.trigger
     assert trigger.host_key == HOST_KEY and trigger.host_key_cluster == "arn|t|i"
     assert trigger.ssh_port == 2222 and trigger.num_nodes == 2 and trigger.region_name == "eu-west-1"
+    assert trigger.end_task is True  # a fleet seen ready there ends the task in the triggerer
     assert deferred.value.timeout.total_seconds() == 600
 
 
-def test_sensor_drops_a_stored_key_without_cluster_identity(ssh_conn):
+def test_sensor_drops_a_stored_key_without_cluster_identity(ssh_conn, describe_as):
+    describe_as(described("create_in_progress"))
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(ctx(DictStore({STATE_KEY_HOST_KEY: HOST_KEY})))
     assert deferred.value.trigger.host_key is None and deferred.value.trigger.region_name is None
 
 
+def test_a_fleet_ready_at_the_first_look_needs_no_deferral(ssh_conn, describe_as, head_nodes):
+    describe_as(described("create_complete"))
+    head_nodes.results = [sinfo("sinfo_idle")]
+    store = DictStore()
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
+    result = sensor.execute(ctx(store))
+    assert datetime.fromisoformat(result.pop("ready_at")).tzinfo is not None
+    assert result == {"cluster_name": "uc-run1", "address": "198.51.100.44", "host_key": HOST_KEY,
+                      "partition": "compute1"}
+    assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": cluster_identity(described("create_complete"))}
+
+
+def test_a_first_contact_in_the_worker_is_stored_before_the_deferral(ssh_conn, describe_as, head_nodes):
+    describe_as(described("create_complete"))
+    head_nodes.results = [sinfo("sinfo_mix_alloc")]  # up, but 3 nodes are not free yet: the trigger waits
+    store = DictStore()
+    with pytest.raises(TaskDeferred) as deferred:
+        ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=3).execute(ctx(store))
+    pin = {"host_key": HOST_KEY, "cluster": cluster_identity(described("create_complete"))}
+    assert store[STATE_KEY_HOST_KEY] == pin
+    trigger = deferred.value.trigger
+    assert (trigger.host_key, trigger.host_key_cluster) == (pin["host_key"], pin["cluster"])
+
+
 def test_sensor_complete_returns_head_node_and_keeps_key():
     sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2)
     store = DictStore()
     head = {"cluster_name": "uc-run1", "address": "127.100.1.1", "host_key": HOST_KEY, "partition": "compute1"}
-    ready = event("complete", "ok", head_node=head, host_key=HOST_KEY, host_key_cluster="arn|t|i")
+    ready = event("complete", "ok", head_node=head, ready_at="2026-12-03T10:00:00+00:00", host_key=HOST_KEY,
+                  host_key_cluster="arn|t|i")
     result = sensor.execute_complete(ctx(store), ready)
-    assert datetime.fromisoformat(result.pop("ready_at")).tzinfo is not None  # idle fleet time starts here
-    assert result == head
+    assert result == {**head, "ready_at": "2026-12-03T10:00:00+00:00"}  # when the trigger saw it: idle time starts
     assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": "arn|t|i"}
     with pytest.raises(AirflowException, match="PROTECTED"):
         sensor.execute_complete(ctx(store), event("fleet_protected", "Compute fleet of x is PROTECTED"))
@@ -432,3 +510,37 @@ def test_nodes_that_stay_unusable_fail_the_wait_after_the_grace(head_nodes):
                                   stuck_after_s=0)
     assert verdict == FAILED and "compute1-st-trn1-2 (drained: Kernel panic on boot)" in reason, reason
     assert make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), stuck_after_s=0).serialize()[1]["stuck_after_s"] == 0
+
+
+def test_xcoms_that_cannot_be_pushed_leave_the_end_to_the_worker(first_contact, monkeypatch):
+    from ultracluster.triggers import task_end
+
+    class Refusing:
+        @staticmethod
+        async def aset(*_args, **_kwargs):
+            raise ConnectionError("supervisor gone")
+
+    monkeypatch.setattr(task_end, "XCom", Refusing)
+    pinned = dict(host_key=HOST_KEY, host_key_cluster=cluster_identity(described("create_complete")))
+    ended = run_to_end(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")), **pinned, end_task=True)),
+                       FakePcluster(described("create_complete")), monkeypatch)
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["status"] == "success"
+
+
+def test_a_trigger_that_may_end_its_task_warms_the_execution_api_up_once_per_process(monkeypatch):
+    from ultracluster.triggers import task_end
+
+    asked = []
+    monkeypatch.setattr(task_end, "get_dagrun_state", lambda dag_id, run_id: asked.append((dag_id, run_id)))
+    monkeypatch.setitem(task_end._warmed, "done", False)
+
+    async def start(trigger, end_task):
+        task_end.warm_up(trigger, end_task)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(start(make_trigger(SinfoHeadNode(sinfo("sinfo_idle"))), True))  # dag.test(): no task instance
+    asyncio.run(start(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))), False))  # not asked
+    assert asked == []
+    for _ in range(2):
+        asyncio.run(start(in_triggerer(make_trigger(SinfoHeadNode(sinfo("sinfo_idle")))), True))
+    assert asked == [("trn1_bert_pretrain", "manual__2026-12-03T10:00:00+00:00")]

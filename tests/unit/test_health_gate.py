@@ -16,6 +16,7 @@ from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.operators import health_gate
+from ultracluster.parsers.job_end import job_end_extras, log_lines
 from ultracluster.operators.slurm_resume import STATE_KEY_AUTO_RESUME
 from ultracluster.run.events import event
 from ultracluster.run.health import HEALTH_GATE_EXIT_CODE, gate_env
@@ -227,8 +228,12 @@ def test_an_unreadable_report_after_success_only_warns():
         def run(self, command, *, timeout=None):
             raise HeadNodeUnreachableError("gone")
 
-    hook = SlurmHook(head_node_hook=Lost())
-    assert health_gate.gate_result(hook, JOB_DIR, "7", "trn1.32xlarge", log) is None
+    files = SlurmHook(head_node_hook=Lost()).job_end_files(JOB_DIR, "7", f"{JOB_DIR}/results.json", health_gate=True,
+                                                           launcher=False)
+    extras, lines = job_end_extras(files, job_id="7", results_path=f"{JOB_DIR}/results.json",
+                                   health_gate="trn1.32xlarge")
+    log_lines(log, lines)
+    assert extras == {"node_health": None}
     assert log.lines == [("warning", "Node health gate: the report of job 7 is unreadable: gone")]
 
 

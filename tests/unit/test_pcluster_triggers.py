@@ -9,6 +9,7 @@ import pytest
 
 from tests.fixtures.pcluster.fake_pcluster import FakePcluster
 from tests.fixtures_localcluster import free_port, install_moto_stack_deletes
+from tests.unit.triggerer import in_triggerer
 from ultracluster.triggers.cloud_formation import CloudFormationStackTrigger
 from ultracluster.triggers.pcluster import ClusterStatusTrigger
 
@@ -289,3 +290,95 @@ def test_stack_wait_ends_in_a_failed_or_error_event(aws, waiter, status, attempt
     stack.status = status
     [event] = asyncio.run(collect(stack_trigger(waiter, waiter_max_attempts=attempts)))
     assert (event["status"], event["reason"]) == ended and message in event["message"]
+
+
+# --- waits that end their task in the triggerer (run.returns, triggers.task_end) -----------------
+
+async def last_event(trigger):
+    return [fired async for fired in trigger.run()][-1]
+
+
+def test_a_create_wait_ends_pcluster_create_with_the_worker_paths_value(fake, pushed):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from ultracluster.operators.pcluster import CreateClusterOperator
+
+    fake.respond("describe-cluster", "describe_cluster_create_in_progress.json", "describe_cluster_create_complete.json")
+    asked = dict(owner_run_id=RUN_ID, delete_on_kill=True, end_task=True,
+                 config_s3_uri="s3://ultracluster-artifacts/runs/x/cluster-config.yaml")
+    ended = asyncio.run(last_event(in_triggerer(round_trip(status_trigger("ClusterCreateComplete", **asked)))))
+    assert isinstance(ended, TaskSuccessEvent)
+    fake.respond("describe-cluster", "describe_cluster_create_complete.json")
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    [plain] = asyncio.run(collect(status_trigger("ClusterCreateComplete", **asked)))
+    op = CreateClusterOperator(task_id="pcluster_create", pcluster_conn_id=CONN_ID, cluster_config={
+        "cluster_name": "uc-test", "config_s3_uri": "s3://ultracluster-artifacts/runs/x/cluster-config.yaml"})
+    assert pushed == {"return_value": op.execute_complete({"run_id": RUN_ID}, plain)}
+    assert pushed["return_value"]["cluster_status"] == "CREATE_COMPLETE"
+    assert "SECRETSIGNATURE" not in json.dumps(pushed)
+
+
+def test_a_failed_create_resumes_pcluster_create_to_clean_up(fake, pushed):
+    fake.respond("describe-cluster", "describe_cluster_create_failed.json")
+    ended = asyncio.run(last_event(in_triggerer(status_trigger("ClusterCreateComplete", end_task=True))))
+    assert type(ended).__name__ == "TriggerEvent" and ended.payload["reason"] == "cluster_failed" and pushed == {}
+
+
+def test_a_delete_wait_ends_delete_cluster_only_once_it_billed_the_cluster():
+    with pytest.raises(ValueError, match="once it billed"):
+        status_trigger("ClusterDeleteComplete", end_task=True)
+
+
+def test_a_delete_wait_bills_and_ends_delete_cluster_with_the_worker_paths_value(fake, aws, pushed, monkeypatch):
+    """The bill (hooks.usage) over aiobotocore in the trigger, over the sync hooks in the worker: the same."""
+    import boto3
+    from airflow.triggers.base import TaskSuccessEvent
+
+    import ultracluster.operators.pcluster_delete as delete_module
+    import ultracluster.triggers.pcluster as trigger_module
+    from ultracluster.hooks.cluster_instances import CLUSTER_NAME_TAG
+    from ultracluster.operators.pcluster_delete import DeleteClusterOperator
+
+    endpoint = aws.meta.endpoint_url
+    ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name="us-east-1")
+    [instance] = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="c5.xlarge",
+                                   TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                       {"Key": CLUSTER_NAME_TAG, "Value": "uc-test"}]}])["Instances"]
+    ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])  # a bill that no longer grows
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="ultracluster-artifacts")
+    s3.put_object(Bucket="ultracluster-artifacts", Key="runs/r1/results.json", Body=b'{"results": {}}')
+    for module in (delete_module, trigger_module):
+        monkeypatch.setattr(module, "utc_now", lambda: "2026-12-03T10:00:00+00:00")
+    op = DeleteClusterOperator(task_id="delete_cluster", cluster_name="uc-test", pcluster_conn_id=CONN_ID,
+                               aws_conn_id="aws_unit", region_name="us-east-1", results_uri="s3://ultracluster-artifacts/runs/r1/")
+    trigger = in_triggerer(round_trip(status_trigger("ClusterDeleteComplete", end_task=True, bill=op._bill())))
+    fake.respond("describe-cluster", "describe_cluster_delete_in_progress.json", ("error_describe_cluster_not_found.json", 1))
+    ended = asyncio.run(last_event(trigger))
+    assert isinstance(ended, TaskSuccessEvent)
+    usage = pushed["return_value"]["usage"]
+    assert (usage["instances"], usage["unended"], usage["measured_at"]) == (1, 0, "2026-12-03T10:00:00+00:00")
+    written = json.loads(s3.get_object(Bucket="ultracluster-artifacts", Key="runs/r1/results.json")["Body"].read())
+    assert written["usage"] == usage
+    # The worker path, resumed with the plain event of the same wait, returns the same value.
+    fake.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
+    [plain] = asyncio.run(collect(status_trigger("ClusterDeleteComplete", end_task=True, bill=op._bill())))
+    assert pushed["return_value"] == op.execute_complete({"run_id": RUN_ID}, plain)
+
+
+def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(aws, pushed):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from ultracluster.operators.vpc import CreateVpcStackOperator
+
+    aws.create_stack(StackName="uc-vpc-test", TemplateBody=SMALL_TEMPLATE)
+    ended = asyncio.run(last_event(in_triggerer(round_trip(stack_trigger("stack_create_complete", end_task=True)))))
+    assert isinstance(ended, TaskSuccessEvent)
+    op = CreateVpcStackOperator(task_id="create_vpc", stack_name="uc-vpc-test", availability_zone_id="use1-az6",
+                                region_name="us-east-1", aws_conn_id="aws_unit")
+    assert pushed == {"return_value": op._outputs()}
+    assert pushed["return_value"]["vpc_id"].startswith("vpc-")
+
+    aws.delete_stack(StackName="uc-vpc-test")
+    ended = asyncio.run(last_event(in_triggerer(stack_trigger("stack_delete_complete", end_task=True))))
+    assert isinstance(ended, TaskSuccessEvent) and pushed == {"return_value": {"deleted": True, "stack_name": "uc-vpc-test"}}

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
+from tests.unit.triggerer import in_triggerer
 from ultracluster.run.events import event
 from ultracluster import remote_commands as rc
 from ultracluster.hooks.head_node import CommandResult, HeadNodeUnreachableError
@@ -530,6 +531,66 @@ def test_trigger_streams_progress_and_finishes_from_exit_marker(capsys):
     assert len(logged) == 3, logged  # two progress lines and UC_RESULTS; "starting" is not streamed
     assert "UC_PROGRESS step=1 total=4 loss=9.5 lr=0.0001 throughput=10.0 eta_s=30" in logged[0]
     assert "UC_PROGRESS step=2 total=4 loss=8.25 lr=0.0001 throughput=12.5 eta_s=20" in logged[1]
+
+
+COMPILE_RESULTS = json.dumps({"results": {"metrics": [
+    {"MetricName": "Compile cache hits", "MeasuredValue": 3, "AdditionalData": {"backend": "neuron"}},
+    {"MetricName": "Compile cache misses", "MeasuredValue": 1}]}})
+
+
+def finished_job(log_read: bool = True) -> ReplayHeadNode:
+    """The head node once the compile job completed: Slurm's record, its log (read by a wait), its
+    launch marker, results.json."""
+    return ReplayHeadNode(scontrol=[job_of("scontrol_completed")],
+                          read=[log_chunk(0, b"")] * log_read + [CommandResult(0, COMPILE_RESULTS, "")],
+                          tail=[CommandResult(0, "UC_INFO launch mode=compile_only path=/opt/bin/npc\n", "")])
+
+
+def test_a_completed_job_ends_the_task_in_the_triggerer_with_the_worker_paths_value(training_dir, monkeypatch, pushed):
+    from airflow.triggers.base import TaskSuccessEvent
+
+    from ultracluster.parsers import job_end
+
+    monkeypatch.setattr(job_end, "utc_now", lambda: "2026-11-30T08:09:00+00:00")
+    replay = ReplayHeadNode(squeue=[recorded("squeue_none")], mkdir=[OK], sbatch=[recorded("sbatch_mix")])
+    op = operator(replay, training_dir, launcher="neuron_parallel_compile")
+    ctx = context()
+    ctx["ti"].start_date = datetime(2026, 11, 30, 8, 5, tzinfo=timezone.utc)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    waiting = deferred.value.trigger
+    assert waiting.task_end["started_at"] == "2026-11-30T08:05:00+00:00" and waiting.task_end["launcher"] is True
+
+    waiting._slurm = lambda: SlurmHook(head_node_hook=finished_job())
+    in_triggerer(waiting, "train")
+
+    async def first(t):
+        async for fired in t.run():
+            return fired
+
+    ended = asyncio.run(first(waiting))
+    assert isinstance(ended, TaskSuccessEvent)
+    # The worker path, resumed with the plain event of the same wait, returns the same value.
+    # dag.test() runs the trigger without a task instance: the same wait resumes the task there.
+    plain = run_trigger(trigger(**waiting.serialize()[1]), finished_job())
+    op._hook = SlurmHook(head_node_hook=finished_job(log_read=False))
+    worker_ctx = context()
+    worker_ctx["ti"].start_date = ctx["ti"].start_date
+    assert pushed["return_value"] == op.execute_complete(worker_ctx, plain)
+    assert pushed["return_value"]["compile_cache"] == {"backend": "neuron", "hits": 3, "misses": 1}
+    assert pushed["return_value"]["launch"] == {"mode": "compile_only", "path": "/opt/bin/npc"}
+    # The Slurm Job page's values, with the job's end state, as the worker path pushes them.
+    assert pushed[SlurmJobLink.key] == worker_ctx["ti"].xcom[SlurmJobLink.key]
+    assert pushed[SlurmJobLink.key]["state"] == "COMPLETED"
+
+
+def test_a_failed_job_resumes_the_task_on_a_worker(training_dir, pushed):
+    """A failure has work only a worker can do (a resume after a node fault, no retry for UC_ERROR)."""
+    end = {"output_dir": "/fsx/j/output_5", "started_at": None, "auto_resume": {}, "health_gate": None,
+           "launcher": False, "link_key": SlurmJobLink.key, "link": {}}
+    replay = ReplayHeadNode(scontrol=[recorded("scontrol_timeout")], read=[log_chunk(0, b"")])
+    ended = run_trigger(in_triggerer(trigger(job_id="5", task_end=end)), replay)
+    assert (ended["status"], ended["state"], pushed) == ("failed", "TIMEOUT", {})
 
 
 def test_trigger_does_not_follow_a_job_id_that_now_names_another_job():

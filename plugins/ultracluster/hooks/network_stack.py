@@ -13,15 +13,6 @@ from botocore.exceptions import ClientError
 
 from ultracluster.run.tags import RUN_ID_TAG
 
-# Stack outputs (vpc.yaml) -> the network dict's keys.
-OUTPUT_KEYS = {
-    "VpcId": "vpc_id",
-    "PublicSubnetId": "public_subnet_id",
-    "PrivateSubnetId": "private_subnet_id",
-    "SecurityGroupId": "security_group_id",
-    "AvailabilityZone": "availability_zone",
-}
-
 
 class NetworkStackHook(CloudFormationHook):
     """CloudFormationHook (get_stack_status, create_stack, delete_stack) with the network's reads."""
@@ -42,10 +33,6 @@ class NetworkStackHook(CloudFormationHook):
     def stack_owner(self, stack_name: str) -> str | None:
         """Run id tagged on the stack (docs/contracts.md)."""
         return {t["Key"]: t["Value"] for t in self.describe_stack(stack_name).get("Tags") or []}.get(RUN_ID_TAG)
-
-    def stack_outputs(self, stack_name: str) -> dict[str, str | None]:
-        outputs = {o["OutputKey"]: o["OutputValue"] for o in self.describe_stack(stack_name).get("Outputs") or []}
-        return {key: outputs.get(name) for name, key in OUTPUT_KEYS.items()}
 
     def failed_resources(self, stack_name: str) -> list[str]:
         """'Logical (Type) STATUS: reason' of the stack's failed resource events, newest first."""

@@ -152,6 +152,19 @@ async def _adrive(
         return done.value
 
 
+def _job_end_commands(job_dir: str, job_id: str, results_path: str, *, health_gate: bool,
+                      launcher: bool) -> dict[str, remote_commands.RemoteCommand]:
+    """What a succeeded job's task reads (``parsers.job_end``): the gate's report, the launch marker,
+    results.json; none for a plain job."""
+    commands = {}
+    if health_gate:
+        commands["health"] = remote_commands.read_file(remote_commands.job_file(job_dir, job_id, "health"))
+    if launcher:
+        commands["launch"] = remote_commands.tail_lines(remote_commands.job_file(job_dir, job_id, "launch"), 5)
+        commands["results"] = remote_commands.read_file(results_path)
+    return commands
+
+
 def _log_chunk(command: remote_commands.RemoteCommand, result: CommandResult) -> LogChunk:
     try:
         return parse_log_chunk(_checked(command, result).stdout)
@@ -241,6 +254,19 @@ class SlurmHook(BaseHook):
         command = remote_commands.tail_lines(path, lines)
         return self._run(command).stdout
 
+    def job_end_files(self, job_dir: str, job_id: str, results_path: str, *, health_gate: bool,
+                      launcher: bool) -> dict[str, str | Exception]:
+        """The files a succeeded job left for its task (``parsers.job_end.job_end_extras`` reads them):
+        name -> text, or the error that kept it unread."""
+        files: dict[str, str | Exception] = {}
+        for name, command in _job_end_commands(job_dir, job_id, results_path, health_gate=health_gate,
+                                               launcher=launcher).items():
+            try:
+                files[name] = _checked(command, self._run(command)).stdout
+            except (HeadNodeUnreachableError, SlurmCommandError) as err:
+                files[name] = err
+        return files
+
     # ------------------------------------------------------------------------------ async
 
     async def _arun(self, command: remote_commands.RemoteCommand, conn: asyncssh.SSHClientConnection | None):
@@ -263,6 +289,18 @@ class SlurmHook(BaseHook):
     async def aread_log_chunk(self, path: str, offset: int, max_bytes: int = 262_144, *, conn=None) -> LogChunk:
         command = remote_commands.read_log_chunk(path, offset, max_bytes)
         return _log_chunk(command, await self._arun(command, conn))
+
+    async def ajob_end_files(self, job_dir: str, job_id: str, results_path: str, *, health_gate: bool,
+                             launcher: bool, conn=None) -> dict[str, str | Exception]:
+        """``job_end_files`` over ``conn``."""
+        files: dict[str, str | Exception] = {}
+        for name, command in _job_end_commands(job_dir, job_id, results_path, health_gate=health_gate,
+                                               launcher=launcher).items():
+            try:
+                files[name] = _checked(command, await self._arun(command, conn)).stdout
+            except (HeadNodeUnreachableError, SlurmCommandError) as err:
+                files[name] = err
+        return files
 
     async def await_job_end(
         self,

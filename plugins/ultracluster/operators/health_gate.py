@@ -1,5 +1,6 @@
-"""The node health gate's part of the train task: the job's inputs, the gate's report in the task log
-and XCom, and draining the nodes it found unhealthy (docs/operations.md, "Node health gate").
+"""The node health gate's part of the train task: the job's inputs, and draining the nodes it found
+unhealthy (docs/operations.md, "Node health gate"); after a good job its report goes into the task log
+and XCom through ``parsers.job_end``.
 
 What is healthy, the report's lines and each verdict are ``run.health``'s; this module reads the
 report through the Slurm hook and acts on the verdicts.
@@ -14,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster.hooks.head_node import HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmCommandError, SlurmHook
+from ultracluster.parsers.job_end import gate_lines, log_lines
 from ultracluster.run import health
 
 
@@ -31,23 +33,7 @@ def read_gate(hook: SlurmHook, job_dir: str, job_id: str, instance_type: str) ->
 def log_gate(log: logging.Logger | Any, instance_type: str, verdicts: Sequence[health.Verdict],
              unreadable: Sequence[str] = ()) -> None:
     """One task-log line per node: healthy, or the check that failed and why."""
-    for line in health.log_lines(instance_type, verdicts):
-        log.info("%s", line)
-    for line in unreadable:
-        log.warning("Node health gate: unreadable report line: %s", line)
-
-
-def gate_result(hook: SlurmHook, job_dir: str, job_id: str, instance_type: str,
-                log: logging.Logger | Any) -> dict[str, Any] | None:
-    """After a job that passed the gate: its verdicts in the task log, their summary for the XCom
-    (None, with a warning, when the report cannot be read: the job itself succeeded)."""
-    try:
-        verdicts, unreadable = read_gate(hook, job_dir, job_id, instance_type)
-    except (HeadNodeUnreachableError, SlurmCommandError) as err:
-        log.warning("Node health gate: the report of job %s is unreadable: %s", job_id, err)
-        return None
-    log_gate(log, instance_type, verdicts, unreadable)
-    return health.summary(instance_type, verdicts)
+    log_lines(log, gate_lines(instance_type, verdicts, unreadable))
 
 
 def drain_unhealthy(hook: SlurmHook, job_dir: str, job_id: str, instance_type: str,

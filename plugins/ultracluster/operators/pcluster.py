@@ -38,6 +38,7 @@ from ultracluster.parsers.pcluster import (
     region_from_arn,
 )
 from ultracluster.run import existing_cluster as byo
+from ultracluster.run.returns import cluster_created
 from ultracluster.run.states import (
     CREATE_COMPLETE,
     CREATE_FAILED,
@@ -142,13 +143,17 @@ class CreateClusterOperator(BaseOperator):
         else:
             self._admit(hook)  # defers while the node cap is full
             try:
-                self._create(hook)
+                # create-cluster's answer is the new cluster's (status, stack, region): the wait starts
+                # from it, with this run's tags (render_config's), without a describe-cluster first.
+                description = self._create(hook)
             except ClusterAlreadyExistsError:
                 # A previous try created it after our describe: reattach like above.
                 self.log.info("Cluster %s appeared meanwhile: reattaching", self.cluster_name)
-            description = hook.describe_cluster(self.cluster_name)
-            if cluster_owner(description) != run_id:
-                raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
+                description = {}
+            if not description.get("clusterStatus"):
+                description = hook.describe_cluster(self.cluster_name)
+                if cluster_owner(description) != run_id:
+                    raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
         return self._continue(context, hook, description)
 
     def _admit(self, hook) -> None:
@@ -184,7 +189,8 @@ class CreateClusterOperator(BaseOperator):
         self._waiting_since = waiting_since
         return self.execute(context)
 
-    def _create(self, hook) -> None:
+    def _create(self, hook) -> dict:
+        """create-cluster with the config from S3; returns its answer's ``cluster``."""
         config_yaml = S3Hook(aws_conn_id=self.aws_conn_id).read_key(
             self.cluster_config["config_s3_key"], self.cluster_config["bucket"]
         )
@@ -205,6 +211,7 @@ class CreateClusterOperator(BaseOperator):
         for message in result.get("validationMessages") or []:
             self.log.warning("Validation %s %s: %s", message.get("level"), message.get("type"), message.get("message"))
         self.log.info("create-cluster accepted %s", self.cluster_name)
+        return dict(result.get("cluster") or {})
 
     def _continue(self, context: Context, hook, description: dict) -> dict:
         """Act on the cluster's current status: done, wait, or clean up and fail."""
@@ -217,10 +224,11 @@ class CreateClusterOperator(BaseOperator):
         if status in (CREATE_COMPLETE, UPDATE_COMPLETE):
             return self._result(description)
         if status == CREATE_IN_PROGRESS:
+            # CREATE_COMPLETE ends the task in the triggerer (the same _result); a failure resumes it here.
             self.defer(
-                trigger=status_trigger(self, 
-                    "ClusterCreateComplete", owner_run_id=context["run_id"], delete_on_kill=True
-                ),
+                trigger=status_trigger(self, "ClusterCreateComplete", owner_run_id=context["run_id"],
+                                       delete_on_kill=True, end_task=True,
+                                       config_s3_uri=self.cluster_config.get("config_s3_uri")),
                 method_name="execute_complete",
             )
         if status == CREATE_FAILED:
@@ -291,15 +299,7 @@ class CreateClusterOperator(BaseOperator):
     def _result(self, description: dict) -> dict:
         public = public_description(description)
         self.log.info("Cluster %s is %s", self.cluster_name, public.get("clusterStatus"))
-        return {
-            "cluster_name": self.cluster_name,
-            "cluster_status": public.get("clusterStatus"),
-            "region": public.get("region"),
-            "cloudformation_stack_arn": public.get("cloudformationStackArn"),
-            "head_node": public.get("headNode") or {},
-            "config_s3_uri": self.cluster_config.get("config_s3_uri"),
-            "created_at": public.get("creationTime"),
-        }
+        return cluster_created(self.cluster_name, public, self.cluster_config.get("config_s3_uri"))
 
     def on_kill(self) -> None:
         # The wait runs in the triggerer (ClusterStatusTrigger.on_kill deletes there); nothing runs here.

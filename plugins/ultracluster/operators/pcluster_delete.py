@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.hooks.usage import record_usage
 from ultracluster.links import ParallelClusterStackLink
 from ultracluster.operators.existing_cluster import step_on_existing_cluster
 from ultracluster.operators.pcluster import status_trigger
-from ultracluster.operators.usage import record_usage
 from ultracluster.parsers.pcluster import ClusterNotFoundError, region_from_arn
 from ultracluster.run import existing_cluster as byo
 from ultracluster.run.clock import utc_now
+from ultracluster.run.returns import cluster_deleted
 from ultracluster.run.s3 import check_sse
 from ultracluster.run.states import DELETE_IN_PROGRESS
 from ultracluster.run.tags import cluster_owner
@@ -106,26 +107,31 @@ class DeleteClusterOperator(BaseOperator):
             except ClusterNotFoundError:
                 return self._gone()
             self.log.info("delete-cluster %s started (attempt %d)", self.cluster_name, delete_attempt)
+        # Gone ends the task in the triggerer, billed there (hooks.usage); a failure resumes it here.
         self.defer(
-            trigger=status_trigger(self, "ClusterDeleteComplete"),
+            trigger=status_trigger(self, "ClusterDeleteComplete", end_task=True, bill=self._bill()),
             method_name="execute_complete",
             kwargs={"delete_attempt": delete_attempt},
         )
         raise AssertionError("unreachable")
 
+    def _bill(self) -> dict[str, Any]:
+        """What ``hooks.usage`` bills the cluster with."""
+        return {"cluster_name": self.cluster_name, "aws_conn_id": self.aws_conn_id, "region_name": self.region_name,
+                "results_uri": self.results_uri, "fsx_storage_capacity_gib": self.fsx_storage_capacity_gib,
+                "s3_encryption": dict(self.s3_encryption)}
+
     def _gone(self) -> dict:
         """The cluster is gone already (an earlier try deleted it: a retry reattaches). Its name is
         this run's (render_config's), so its instances, still listed by EC2, are this run's bill."""
-        usage = record_usage(self, utc_now())
-        return {"cluster_name": self.cluster_name, "deleted": True,
-                "deleted_at": (usage or {}).get("ended_at"), "usage": usage}
+        usage = record_usage(self.log, self._bill(), utc_now())
+        return cluster_deleted(self.cluster_name, (usage or {}).get("ended_at"), usage)
 
     def execute_complete(self, context: Context, event: dict[str, Any], delete_attempt: int = 1) -> dict:
         if event.get("status") == "success":
             deleted_at = utc_now()
             self.log.info("Cluster %s deleted", self.cluster_name)
-            usage = record_usage(self, deleted_at)
-            return {"cluster_name": self.cluster_name, "deleted": True, "deleted_at": deleted_at, "usage": usage}
+            return cluster_deleted(self.cluster_name, deleted_at, record_usage(self.log, self._bill(), deleted_at))
         self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
         for failure in event.get("failures") or []:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))

@@ -16,7 +16,7 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.slurm import SlurmHook
 from ultracluster.links import SlurmJobLink
 from ultracluster.notifications import notify_budget_stop
-from ultracluster.operators.health_gate import describe, drain_unhealthy, gate_job_env, gate_result
+from ultracluster.operators.health_gate import describe, drain_unhealthy, gate_job_env
 from ultracluster.operators.slurm_job import (
     STATE_KEY_JOB_ID,
     JobSpec,
@@ -25,7 +25,7 @@ from ultracluster.operators.slurm_job import (
 )
 from ultracluster.operators.slurm_resume import ResumeRecord, plan_resubmission, submit_again
 from ultracluster.parsers.progress import JobLog, error_reasons
-from ultracluster.run.clock import iso, utc_now
+from ultracluster.run.clock import iso
 from ultracluster.run.health import GATE_SCRIPT, gate_instance_type
 from ultracluster.run.jobs import (
     FINAL,
@@ -241,7 +241,8 @@ class SlurmJobOperator(BaseOperator):
                 job_name=job.spec.name, log_path=job.log_path(job_id), log_offset=offset,
                 poll_interval=self.poll_interval, outage_timeout=self.outage_timeout,
                 progress_log_interval_s=self.progress_log_interval_s,
-                progress_log_every_steps=self.progress_log_every_steps, budget=budget),
+                progress_log_every_steps=self.progress_log_every_steps, budget=budget,
+                task_end=self._task_end(context, job, job_id)),
                 method_name="execute_complete")
         job_log = JobLog(self.log, path=job.log_path(job_id), offset=offset, interval_s=self.progress_log_interval_s,
                          every_steps=self.progress_log_every_steps, budget=budget)
@@ -251,6 +252,14 @@ class SlurmJobOperator(BaseOperator):
         finally:
             self._running = None
         return self.execute_complete(context, event)
+
+    def _task_end(self, context: Context, job: SlurmJob, job_id: str) -> dict[str, Any]:
+        """The worker's part of the return value (``SlurmJob.task_end``): the trigger ends the task
+        when the job completes; any other end resumes ``execute_complete``."""
+        # started_at: the task's span, submission to end seen (the scaling report's idle fleet time).
+        return job.task_end(job_id, started_at=iso(getattr(context.get("ti"), "start_date", None)),
+                            auto_resume=ResumeRecord(context.get("task_state_store")).summary(),
+                            link_key=SlurmJobLink.key, link=self._link_values(context, job, job_id))
 
     def _budget(self) -> dict[str, Any] | None:
         if not isinstance(self.budget, Mapping) or self.budget.get("max_usd") in (None, "", "None"):
@@ -263,12 +272,15 @@ class SlurmJobOperator(BaseOperator):
             return None
         return budget
 
-    def _persist_link(self, context: Context, job: SlurmJob, job_id: str, **end: Any) -> None:
-        """The Slurm Job link's values (docs/contracts.md, "Slurm job page")."""
+    def _link_values(self, context: Context, job: SlurmJob, job_id: str) -> dict[str, Any]:
+        """The Slurm Job link's values (docs/contracts.md, "Slurm job page"), without the end ``state``."""
         ti = context["ti"]
-        SlurmJobLink.persist(context, dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id, job_id=job_id,
-                             job_name=job.spec.name, log_path=job.log_path(job_id), output_dir=job.output_dir(job_id),
-                             cluster_name=self.head_node.get("cluster_name"), **end)
+        return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "job_id": job_id,
+                "job_name": job.spec.name, "log_path": job.log_path(job_id), "output_dir": job.output_dir(job_id),
+                "cluster_name": self.head_node.get("cluster_name")}
+
+    def _persist_link(self, context: Context, job: SlurmJob, job_id: str, **end: Any) -> None:
+        SlurmJobLink.persist(context, **self._link_values(context, job, job_id), **end)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         job = self.job(context)
@@ -296,25 +308,8 @@ class SlurmJobOperator(BaseOperator):
             return self._node_fault(context, job, event, message)
         if outcome != SUCCEEDED:
             raise AirflowException(message)
-        return self._result(context, job, job_id, event)
-
-    def _result(self, context: Context, job: SlurmJob, job_id: str, event: dict[str, Any]) -> dict[str, Any]:
-        out = job.output_dir(job_id)
-        result = {
-            "job_id": job_id, "job_name": job.spec.name, "state": event.get("state"), "exit_code": event.get("exit_code"),
-            "output_dir": out,
-            "log_path": job.log_path(job_id), "results_path": event.get("results_path") or f"{out}/results.json",
-            # The task's span, submission to end seen (the scaling report's idle fleet time).
-            "started_at": iso(getattr(context.get("ti"), "start_date", None)), "ended_at": utc_now(),
-            "auto_resume": ResumeRecord(context.get("task_state_store")).summary(),
-        }
-        if job.spec.health_gate:
-            result["node_health"] = gate_result(self.hook, job.spec.job_dir, job_id, job.spec.health_gate, self.log)
-        if self.launcher:
-            result["launch"] = job.launch_mode(job_id)
-            result["compile_cache"] = job.compile_cache(result["results_path"])
-        self.log.info("Slurm job %s %s; outputs in %s", job_id, result["state"], out)
-        return result
+        # The same return value as SlurmJobTrigger's when it ends the task itself.
+        return job.succeeded(event, self._task_end(context, job, job_id))
 
     # ------------------------------------------------------------------------------ auto-resume
     def _lost(self, context: Context, ledger: dict[str, Any] | None = None) -> LostNodes:

@@ -19,15 +19,15 @@ from typing import Any
 
 from ultracluster import remote_commands
 from ultracluster.hooks.slurm import JobStatus, SlurmHook
-from ultracluster.parsers.progress import JobLog, parse_launch, parse_progress_line
+from ultracluster.parsers.job_end import job_end_result
+from ultracluster.parsers.progress import JobLog, parse_progress_line
 from ultracluster.run.contracts import (
-    RESULTS_FILE,
-    compile_cache_figures,
     newest_checkpoint,
     output_dir,
 )
 from ultracluster.run.events import event
 from ultracluster.run.health import GATE_SCRIPT
+from ultracluster.run.returns import job_results_path
 from ultracluster.run.states import JOB_SUCCESS_STATES, job_is_active
 
 # Key in the task state store; renaming it breaks reattach for in-flight retries.
@@ -213,24 +213,21 @@ class SlurmJob:
             tail = f"(log tail unavailable: {err})"
         return "; ".join(parts) + f"\n--- last {tail_lines} lines of {path} ---\n{tail or '(empty)'}"
 
-    def launch_mode(self, job_id: str) -> dict[str, str | None]:
-        """What a launcher job ran under, from the ``slurm-<id>.launch`` marker its wrap wrote."""
-        launch = parse_launch(self.hook.tail_log(remote_commands.job_file(self.spec.job_dir, job_id, "launch"), 5))
-        self.log.info("Compile mode: %s%s", launch["mode"], f" ({launch['path']})" if launch.get("path") else "")
-        return launch
+    def task_end(self, job_id: str, **worker: Any) -> dict[str, Any]:
+        """What the return value of a completed job needs beside the wait's event (``SlurmJobTrigger``'s
+        ``task_end``); ``worker``: ``started_at``, ``auto_resume``, ``link_key``, ``link``."""
+        return {"output_dir": self.output_dir(job_id), "job_name": self.spec.name, "health_gate": self.spec.health_gate,
+                "launcher": bool(self.spec.launcher), **worker}
 
-    def compile_cache(self, results_path: str) -> dict[str, Any] | None:
-        """A compile job's cache hits and misses, from its results.json (None when unreadable)."""
-        text = self.hook.head_node_hook.check(remote_commands.read_file(results_path)).stdout
-        try:
-            figures = compile_cache_figures(json.loads(text))
-        except ValueError:
-            figures = None
-        if figures is None:
-            self.log.warning("No readable %s at %s: compile cache figures unknown", RESULTS_FILE, results_path)
-            return None
-        self.log.info("Compile cache: backend=%s hits=%s misses=%s", *figures.values())
-        return figures
+    def succeeded(self, event_: Mapping[str, Any], end: Mapping[str, Any]) -> dict[str, Any]:
+        """The task's return value after the wait's ``complete`` event (``end``: ``task_end``'s), read and
+        built as ``SlurmJobTrigger`` does when it ends the task itself."""
+        job_id = str(event_.get("job_id"))
+        results_path = job_results_path(event_, end["output_dir"])
+        files = self.hook.job_end_files(self.spec.job_dir, job_id, results_path, health_gate=bool(end["health_gate"]),
+                                        launcher=bool(end["launcher"]))
+        return job_end_result(event_, end, files, log_path=self.log_path(job_id), results_path=results_path,
+                              log=self.log)
 
     def checkpoints(self, output_dirs: Sequence[str]) -> list[tuple[int | None, str]]:
         """(step, dir) of the newest complete checkpoint in each of ``output_dirs``."""

@@ -22,6 +22,7 @@ from ultracluster.parsers.pcluster import ClusterNotFoundError
 from ultracluster.run import existing_cluster as byo
 from ultracluster.run.form import DEFAULT_RESOURCE_TTL_HOURS
 from ultracluster.run.profiles import include_dir
+from ultracluster.run.returns import network_created, stack_deleted, stack_outputs
 from ultracluster.run.states import (
     DELETE_COMPLETE,
     DELETE_FAILED,
@@ -61,6 +62,9 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
     aws_hook_class = NetworkStackHook
     operator_extra_links = (CloudFormationStackLink(),)
     ui_color = "#f4d8a5"
+    # A deletion that succeeds ends the task in the triggerer (delete_vpc); create_vpc's clean-up
+    # deletes resume it to fail or to create again.
+    delete_ends_task = False
 
     def __init__(self, *, waiter_delay: int = 15, waiter_max_attempts: int = 240, max_delete_attempts: int = 3,
                  delete_retry_delay: float = 120, **kwargs: Any) -> None:
@@ -90,8 +94,8 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
             self.hook.delete_stack(stack_name)
             if self.hook.get_stack_status(stack_name) in (None, DELETE_COMPLETE):  # already gone: no wait
                 return self._stack_deleted(context, stack_name, **outcome)
-        self.defer(trigger=self._stack_trigger(stack_name, "stack_delete_complete"), method_name="delete_complete",
-                   kwargs={"stack_name": stack_name, "attempt": attempt, **outcome})
+        self.defer(trigger=self._stack_trigger(stack_name, "stack_delete_complete", end_task=self.delete_ends_task),
+                   method_name="delete_complete", kwargs={"stack_name": stack_name, "attempt": attempt, **outcome})
 
     def delete_complete(self, context: Context, event: dict[str, Any], stack_name: str, attempt: int,
                         **outcome: Any) -> Any:
@@ -184,8 +188,9 @@ class CreateVpcStackOperator(_NetworkStackOperator):
             self._persist_stack_link(context)
             status = self.hook.get_stack_status(self.stack_name)
         if stack_verdict(status) == PENDING:
+            # CREATE_COMPLETE ends the task in the triggerer (run.returns.network_created, as _outputs).
             self.defer(trigger=self._stack_trigger(self.stack_name, "stack_create_complete",
-                                                   owner_run_id=context["run_id"], delete_on_kill=True),
+                                                   owner_run_id=context["run_id"], delete_on_kill=True, end_task=True),
                        method_name="execute_complete")
         if stack_verdict(status) != READY:
             return self._clean_up_and_fail(context, f"stack reached {status}")
@@ -213,8 +218,8 @@ class CreateVpcStackOperator(_NetworkStackOperator):
         })
 
     def _outputs(self) -> dict:
-        result = {"owned": True, "stack_name": self.stack_name, "region": self.hook.region_name,
-                  **self.hook.stack_outputs(self.stack_name)}
+        result = network_created(self.stack_name, self.hook.region_name,
+                                 stack_outputs(self.hook.describe_stack(self.stack_name)))
         self.log.info("Network: %s", result)
         return result
 
@@ -270,6 +275,7 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
     :param existing_cluster_name: the run used this cluster, which it did not create: the task skips.
     """
     template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name", "existing_cluster_name")
+    delete_ends_task = True
 
     def __init__(self, *, vpc: dict | None = None, stack_name: str | None = None, cluster_name: str | None = None,
                  pcluster_conn_id: str = "pcluster_default", waiter_max_attempts: int = 120,
@@ -332,7 +338,7 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
 
     def _stack_deleted(self, context: Context, stack_name: str) -> dict:
         self.log.info("Stack %s deleted", stack_name)
-        return {"deleted": True, "stack_name": stack_name}
+        return stack_deleted(stack_name)
 
     def _stack_left(self, context: Context, stack_name: str, reasons: list[str], attempts: int) -> dict:
         raise RuntimeError(f"Stack {stack_name} not deleted after {attempts} attempts: {'; '.join(reasons)}")

@@ -21,6 +21,7 @@ from typing import Any
 from ultracluster.run.clock import utc_now
 from ultracluster.run.names import safe_run_id
 from ultracluster.run.s3 import join_key, split_s3_uri
+from ultracluster.run.states import RUN_ENDED
 
 # A Sunday 00:00 UTC: a tick of the DAG's weekly schedule, so tick indexes are whole numbers.
 ORIGIN = datetime(2023, 1, 1, tzinfo=timezone.utc)
@@ -128,3 +129,28 @@ def read_index(s3: Any, artifacts_s3_uri: str, dag_id: str, sweep_id: str, log: 
             continue
         entries.append(entry)
     return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))
+
+
+# The network holder's verdicts (operators.sweep_network): hold on, release it, or give up holding.
+HOLD, RELEASE, GIVE_UP = "hold", "release", "give_up"
+
+
+def on_network(entries: list[dict[str, Any]], vpc_id: str | None) -> list[dict[str, Any]]:
+    """The sweep index's runs that adopted the shared network ``vpc_id``."""
+    return [e for e in entries if (e.get("plan") or {}).get("existing_vpc_id") == vpc_id]
+
+
+def network_hold(entries: list[dict[str, Any]], states: dict[str, str], *, vpc_id: str | None, sweep_id: str,
+                 points: int, held_s: float, max_hold_hours: float) -> tuple[str, dict[str, Any], list[str]]:
+    """(verdict, the holder's return value, the runs still open) for a sweep's shared network:
+    ``entries``, the sweep index; ``states``, run id -> ``states.run_state_name``. Released once the
+    index lists ``points`` runs on ``vpc_id`` and all of them have ended (a run that no longer exists,
+    "missing", has ended too)."""
+    mine = {e["run_id"]: states.get(e["run_id"], "missing") for e in on_network(entries, vpc_id)}
+    open_runs = sorted(run for run, state in mine.items() if state not in (*RUN_ENDED, "missing"))
+    summary: dict[str, Any] = {"vpc_id": vpc_id, "sweep_id": sweep_id, "runs": mine, "expected": int(points)}
+    if len(mine) >= int(points) and not open_runs:
+        return RELEASE, summary, open_runs
+    if held_s > float(max_hold_hours) * 3600:
+        return GIVE_UP, {**summary, "gave_up": True}, open_runs
+    return HOLD, summary, open_runs

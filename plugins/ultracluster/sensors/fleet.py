@@ -1,9 +1,11 @@
 """wait_for_fleet: the cluster is up and Slurm can run ``num_nodes`` nodes; returns the head node.
 
 The XCom value, ``{"cluster_name", "address", "host_key", "partition", "ready_at"}``, is what every
-later task uses to reach the head node; ``host_key`` is pinned here at first contact. Deferred, the
-wait is ``triggers.fleet``'s; in a worker (``deferrable=False``, or train's auto-resume without a
-triggerer) it is ``FleetCheck``'s. Both judge with ``run.fleet``.
+later task uses to reach the head node; ``host_key`` is pinned here at first contact. The task looks
+once in its worker (``FleetCheck``); a fleet not ready yet is waited for by ``triggers.fleet``, which
+ends the task itself when it has nothing new for the task state store (the pin, the lost-node
+ledger). With ``deferrable=False`` (or train's auto-resume without a triggerer) every look is
+``FleetCheck``'s. Both judge with ``run.fleet`` and return ``run.returns.fleet_ready``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ultracluster.run.lost_nodes import (
     replacements,
 )
 from ultracluster.run.plan import node_count
+from ultracluster.run.returns import fleet_ready
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 
@@ -199,45 +202,59 @@ class ComputeFleetSensor(BaseSensorOperator):
         if store is not None and lost is not None and lost != store.get(STATE_KEY_LOST_NODES):
             store.set(STATE_KEY_LOST_NODES, lost)
 
-    def execute(self, context: Context) -> Any:
-        self._validate()
-        if not self.deferrable:
-            return super().execute(context)
-        pin = self._stored_pin(context)
-        trigger = ComputeFleetTrigger(
-            cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
-            pcluster_conn_id=self.pcluster_conn_id, ssh_conn_id=self.ssh_conn_id,
-            ssh_port=ssh_port(self.ssh_conn_id), host_key=pin.get("host_key"), host_key_cluster=pin.get("cluster"),
-            poke_interval=self.poke_interval, region_name=self.region_name or None,
-            node_replacements=int(self.node_replacements), lost_nodes=self._lost(context).to_dict())
-        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
-
-    def poke(self, context: Context) -> PokeReturnValue | bool:
-        """Worker-side wait: one round of both gates per poke (``FleetCheck``)."""
+    def _fleet_check(self, context: Context) -> FleetCheck:
         if self._check is None:
             self._check = FleetCheck(
                 cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
                 pcluster_hook=ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None),
                 ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id), pin=self._stored_pin(context),
                 lost=self._lost(context))
+        return self._check
+
+    def _look(self, context: Context) -> tuple[Any, dict[str, Any] | None]:
+        """One round of both gates in the worker (``FleetCheck``): the pin and the ledger stored, a
+        failure raised, else (judgement, the return value when ready)."""
+        check = self._fleet_check(context)
         try:
-            judgement, head_node = self._check.check()
+            judgement, head_node = check.check()
         finally:
-            self._remember_pin(context, self._check.pin)
-            self._remember_lost(context, self._check.lost.to_dict())
+            self._remember_pin(context, check.pin)
+            self._remember_lost(context, check.lost.to_dict())
         if judgement.verdict == FAILED:
             raise failure(judgement.reason, judgement.message)
         self.log.info("%s", judgement.message)
+        return judgement, fleet_ready(head_node, utc_now()) if judgement.verdict == READY else None
+
+    def execute(self, context: Context) -> Any:
+        self._validate()
+        if not self.deferrable:
+            return super().execute(context)
+        # One look first: a fleet ready at once (dynamic nodes right after CREATE_COMPLETE) needs no
+        # deferral, and a first contact made here is stored before the trigger starts.
+        judgement, ready = self._look(context)
         if judgement.verdict == READY:
-            head_node = {**head_node, "ready_at": utc_now()}
-        return PokeReturnValue(is_done=judgement.verdict == READY, xcom_value=head_node)
+            return ready
+        check = self._fleet_check(context)
+        trigger = ComputeFleetTrigger(
+            cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
+            pcluster_conn_id=self.pcluster_conn_id, ssh_conn_id=self.ssh_conn_id, ssh_port=check.ssh_port,
+            host_key=check.pin.get("host_key"), host_key_cluster=check.pin.get("cluster"),
+            poke_interval=self.poke_interval, region_name=self.region_name or None,
+            node_replacements=int(self.node_replacements), lost_nodes=check.lost.to_dict(), end_task=True)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
+
+    def poke(self, context: Context) -> PokeReturnValue | bool:
+        """Worker-side wait: one round of both gates per poke (``FleetCheck``)."""
+        judgement, ready = self._look(context)
+        return PokeReturnValue(is_done=judgement.verdict == READY, xcom_value=ready)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """The trigger's event when it did not end the task itself: store what it learnt first."""
         self._remember_pin(context, {"host_key": event.get("host_key"), "cluster": event.get("host_key_cluster")})
         self._remember_lost(context, event.get("lost_nodes"))
         if event.get("status") != "success":
             raise failure(str(event.get("reason")), event.get("message") or f"wait_for_fleet failed: {event}")
-        head_node = {**event["head_node"], "ready_at": utc_now()}  # idle fleet time starts here
+        head_node = fleet_ready(event["head_node"], event.get("ready_at") or utc_now())  # idle fleet time starts here
         self.log.info("Cluster %s ready: head node %s, partition %s. %s", head_node["cluster_name"],
                       head_node["address"], head_node.get("partition"), event.get("message"))
         return head_node

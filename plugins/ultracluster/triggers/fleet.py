@@ -38,18 +38,21 @@ from ultracluster.parsers.pcluster import (
     cluster_identity,
 )
 from ultracluster.parsers.slurm import parse_sinfo
+from ultracluster.run.clock import utc_now
 from ultracluster.run.events import event
 from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
 from ultracluster.run.lost_nodes import DEFAULT_NODE_REPLACEMENTS, LostNodes
+from ultracluster.run.returns import fleet_ready
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.backoff import api_delay
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Seconds between the head node's sinfo checks while the Slurm gate waits.
 NODE_CHECK_INTERVAL_S = 1.0
 
 
 class ComputeFleetTrigger(BaseTrigger):
-    """Fires once (``run.events``): ``complete`` with ``head_node``, or the failing judgement's
+    """Fires once (``run.events``): ``complete`` with ``head_node`` and ``ready_at``, or the failing judgement's
     reason (``cluster_failed``, ``node_lost``, ``nodes_stuck``, ...), ``host_key_mismatch``
     or ``trigger_error``; every event carries the pin (``host_key``, ``host_key_cluster``) and the
     lost-node ledger (``lost_nodes``).
@@ -74,6 +77,10 @@ class ComputeFleetTrigger(BaseTrigger):
         is checked again and another starts, on the same connection.
     :param node_replacements: how often a lost node may be replaced (``run.lost_nodes``).
     :param lost_nodes: the task's lost-node ledger so far (``LostNodes.to_dict``).
+    :param end_task: a fleet seen ready ends wait_for_fleet here (``triggers.task_end``), returning
+        ``run.returns.fleet_ready``, but only when its task state store needs nothing new: the pin
+        and the ledger are the ones it was given (a cleared task reads them there). Otherwise, and on
+        any other end, the task resumes on a worker, which stores them.
     """
 
     def __init__(
@@ -94,6 +101,7 @@ class ComputeFleetTrigger(BaseTrigger):
         wait_window_s: int | None = None,
         node_replacements: int = DEFAULT_NODE_REPLACEMENTS,
         lost_nodes: dict[str, Any] | None = None,
+        end_task: bool = False,
     ) -> None:
         super().__init__()
         self.node_replacements = int(node_replacements)
@@ -111,6 +119,8 @@ class ComputeFleetTrigger(BaseTrigger):
         self.ssh_port = int(ssh_port)
         self.host_key = host_key
         self.host_key_cluster = host_key_cluster
+        self.end_task = bool(end_task)
+        self._stored = (host_key, host_key_cluster, self._lost.to_dict())  # what the task state store holds
         self.poke_interval = float(poke_interval)
         self.region_name = region_name or None
         self.wait_window_s = int(wait_window_s or WAIT_WINDOW_S)
@@ -134,6 +144,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 "wait_window_s": self.wait_window_s,
                 "node_replacements": self.node_replacements,
                 "lost_nodes": self.lost_nodes,
+                "end_task": self.end_task,
             },
         )
 
@@ -228,6 +239,7 @@ class ComputeFleetTrigger(BaseTrigger):
                                   lost_nodes=self._lost.to_dict(), **fields))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.end_task)
         pcluster_hook = ParallelClusterHook(pcluster_conn_id=self.pcluster_conn_id, region_name=self.region_name)
         api_errors = 0
         while True:
@@ -247,7 +259,11 @@ class ComputeFleetTrigger(BaseTrigger):
                 yield self._event("trigger_error", f"{type(err).__name__}: {err}")
                 return
             if judgement.verdict == READY:
-                yield self._event("complete", judgement.message, head_node=head_node)
+                end = self._event("complete", judgement.message, head_node=head_node, ready_at=utc_now())
+                stored = self._stored == (self.host_key, self.host_key_cluster, self._lost.to_dict())
+                if ending(self, end.payload, self.end_task and stored):
+                    end = await task_success(self, end, fleet_ready(head_node, end.payload["ready_at"]))
+                yield end
                 return
             if judgement.verdict == FAILED:
                 yield self._event(judgement.reason, judgement.message)

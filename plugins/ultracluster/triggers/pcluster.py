@@ -11,12 +11,16 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
+from ultracluster.hooks.usage import arecord_usage
 from ultracluster.parsers.pcluster import PclusterError, failures, public_description
+from ultracluster.run.clock import utc_now
 from ultracluster.run.events import event
+from ultracluster.run.returns import cluster_created, cluster_deleted
 from ultracluster.run.states import DELETE_COMPLETE, GONE, cluster_verdict
 from ultracluster.run.tags import cluster_owner
 from ultracluster.triggers.backoff import api_delay
 from ultracluster.triggers.kill_guard import should_delete_on_kill
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 from ultracluster.waiters import FAILURE, RETRY, SUCCESS, evaluate, load_waiter
 
 # Transient CLI/API errors tolerated in a row before the wait gives up (network blips, throttling).
@@ -36,6 +40,10 @@ class ClusterStatusTrigger(BaseTrigger):
         cluster carrying it (on_kill can also fire on a triggerer hand-over, so never touch others').
     :param delete_on_kill: delete the cluster when a user kills the waiting task (create waits:
         a teardown is skipped when its setup did not succeed, so nobody else would delete it).
+    :param end_task: a wait that succeeds ends its task here (``triggers.task_end``): a create wait
+        pcluster_create, returning ``run.returns.cluster_created`` with ``config_s3_uri``; a delete wait
+        delete_cluster, once it billed the cluster (``hooks.usage.arecord_usage`` with ``bill``),
+        returning ``run.returns.cluster_deleted``. Any other end resumes the task.
     """
 
     def __init__(
@@ -49,6 +57,9 @@ class ClusterStatusTrigger(BaseTrigger):
         max_attempts: int = 240,
         owner_run_id: str | None = None,
         delete_on_kill: bool = False,
+        end_task: bool = False,
+        config_s3_uri: str | None = None,
+        bill: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.cluster_name = cluster_name
@@ -59,6 +70,11 @@ class ClusterStatusTrigger(BaseTrigger):
         self.max_attempts = max_attempts
         self.owner_run_id = owner_run_id
         self.delete_on_kill = delete_on_kill
+        if end_task and waiter_name == "ClusterDeleteComplete" and not bill:
+            raise ValueError("end_task: a delete wait ends delete_cluster only once it billed the cluster (bill)")
+        self.end_task = bool(end_task)
+        self.config_s3_uri = config_s3_uri
+        self.bill = dict(bill) if bill else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -72,6 +88,9 @@ class ClusterStatusTrigger(BaseTrigger):
                 "max_attempts": self.max_attempts,
                 "owner_run_id": self.owner_run_id,
                 "delete_on_kill": self.delete_on_kill,
+                "end_task": self.end_task,
+                "config_s3_uri": self.config_s3_uri,
+                "bill": self.bill,
             },
         )
 
@@ -86,6 +105,7 @@ class ClusterStatusTrigger(BaseTrigger):
             description=public_description(description)))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.end_task)
         waiter = load_waiter("pcluster", self.waiter_name)
         hook = self._hook()
         consecutive_errors = 0
@@ -98,8 +118,8 @@ class ClusterStatusTrigger(BaseTrigger):
             except PclusterError as error:
                 state = evaluate(waiter, error=error)
                 if state == SUCCESS:  # deleted and gone: the describe error is the success signal
-                    yield self._event("complete", f"cluster {self.cluster_name} is gone",
-                                      {"clusterStatus": DELETE_COMPLETE})
+                    end = self._event("complete", f"cluster {self.cluster_name} is gone", {"clusterStatus": DELETE_COMPLETE})
+                    yield await self._task_end(end) if ending(self, end.payload, self.end_task) else end
                     return
                 if state == FAILURE:
                     yield self._event("cluster_gone", str(error))
@@ -116,11 +136,21 @@ class ClusterStatusTrigger(BaseTrigger):
                 if state != RETRY:
                     reason = ("complete" if state == SUCCESS
                               else "cluster_gone" if cluster_verdict(status) == GONE else "cluster_failed")
-                    yield self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
+                    end = self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
+                    yield await self._task_end(end) if ending(self, end.payload, self.end_task) else end
                     return
             await asyncio.sleep(api_delay(self.poll_interval, consecutive_errors))
         yield self._event("timeout", f"cluster {self.cluster_name} still {description.get('clusterStatus', 'unknown')} "
                                      f"after {self.max_attempts} checks", description)
+
+    async def _task_end(self, end: TriggerEvent) -> TriggerEvent:
+        if self.waiter_name == "ClusterCreateComplete":
+            return await task_success(self, end, cluster_created(self.cluster_name, end.payload["description"],
+                                                                 self.config_s3_uri))
+        deleted_at = utc_now()
+        self.log.info("Cluster %s deleted", self.cluster_name)
+        usage = await arecord_usage(self.log, self.bill or {}, deleted_at)
+        return await task_success(self, end, cluster_deleted(self.cluster_name, deleted_at, usage))
 
     async def on_kill(self) -> None:
         if not await should_delete_on_kill(self, self.cluster_name):

@@ -19,10 +19,13 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.head_node import HeadNodeHook, HeadNodeUnreachableError, HostKeyMismatchError
 from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmHook
+from ultracluster.parsers.job_end import job_end_result
 from ultracluster.parsers.progress import JobLog
 from ultracluster.run.events import event
+from ultracluster.run.returns import job_results_path
 from ultracluster.triggers.backoff import backoff
 from ultracluster.triggers.kill_guard import task_is_still_deferred
+from ultracluster.triggers.task_end import ending, task_success, warm_up
 
 # Largest log read in one command: a very chatty job cannot keep the loop on one read.
 MAX_READ_BYTES = 262_144
@@ -54,6 +57,11 @@ class SlurmJobTrigger(BaseTrigger):
     :param progress_log_every_steps: instead, one line every this many steps.
     :param budget: ``{"max_usd", "usd_per_hour", "since"}`` (``cost.budget_verdict``): once a progress
         line projects the run past ``max_usd``, the job is cancelled and the event says why.
+    :param task_end: given, a COMPLETED job ends the task here (``triggers.task_end``) with the
+        return value the worker path builds (``run.returns.job_succeeded``): the worker's part of it,
+        ``{"output_dir", "started_at", "auto_resume", "health_gate", "launcher", "link_key", "link"}``
+        (``link``: the Slurm Job link's values, pushed again with the job's end ``state``). None: every
+        end resumes the worker.
     """
 
     def __init__(
@@ -72,6 +80,7 @@ class SlurmJobTrigger(BaseTrigger):
         progress_log_interval_s: float = 30,
         progress_log_every_steps: int | None = None,
         budget: dict[str, Any] | None = None,
+        task_end: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.head_node = dict(head_node)
@@ -86,6 +95,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.progress_log_interval_s = float(progress_log_interval_s)
         self.progress_log_every_steps = int(progress_log_every_steps) if progress_log_every_steps else None
         self.budget = dict(budget) if budget else None
+        self.task_end = dict(task_end) if task_end else None
         self.job_log = JobLog(self.log, path=log_path, offset=int(log_offset), interval_s=self.progress_log_interval_s,
                               every_steps=self.progress_log_every_steps, budget=self.budget)
 
@@ -106,6 +116,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "progress_log_interval_s": self.progress_log_interval_s,
                 "progress_log_every_steps": self.progress_log_every_steps,
                 "budget": self.budget,
+                "task_end": self.task_end,
             },
         )
 
@@ -129,6 +140,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.job_log.flush(final=final)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        warm_up(self, self.task_end is not None)
         slurm = self._slurm()
         head_node_hook = slurm.head_node_hook
         last_contact = time.monotonic()
@@ -153,8 +165,11 @@ class SlurmJobTrigger(BaseTrigger):
                             return
                         if status.terminal:
                             reason = "complete" if status.succeeded else "job_failed"
-                            yield self._event(reason, f"Slurm job {self.job_id} ended {status.state}",
+                            end = self._event(reason, f"Slurm job {self.job_id} ended {status.state}",
                                               **status.to_dict())
+                            if ending(self, end.payload, self.task_end is not None):
+                                end = await self._end_task(slurm, conn, end)
+                            yield end
                             return
                         self.job_log.restart_stream()
                         await slurm.await_job_end(self.job_id, self.log_path, self.job_log.offset, self.job_log.stream,
@@ -178,6 +193,22 @@ class SlurmJobTrigger(BaseTrigger):
                 self.log.exception("Slurm job trigger failed")
                 yield self._event("trigger_error", f"{type(err).__name__}: {err}")
                 return
+
+    async def _end_task(self, slurm: SlurmHook, conn: Any, done: TriggerEvent) -> TriggerEvent:
+        """The task's end (``task_end``): what the job left, read over ``conn``, and the return value;
+        ``done``, the plain event, when that cannot be read."""
+        end, payload = self.task_end or {}, done.payload
+        results_path = job_results_path(payload, end["output_dir"])
+        try:
+            files = await slurm.ajob_end_files(self.job_dir, self.job_id, results_path, conn=conn,
+                                               health_gate=bool(end.get("health_gate")),
+                                               launcher=bool(end.get("launcher")))
+        except Exception as err:  # e.g. the connection broke: the worker reads them again
+            self.log.warning("Reading what job %s left failed (%s): the task resumes on a worker", self.job_id, err)
+            return done
+        result = job_end_result(payload, end, files, log_path=self.log_path, results_path=results_path, log=self.log)
+        link = {**(end.get("link") or {}), "state": payload.get("state")}
+        return await task_success(self, done, result, **{end["link_key"]: link} if end.get("link_key") else {})
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: cancel the Slurm job (unless the kill is spurious).
