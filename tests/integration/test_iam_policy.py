@@ -148,13 +148,14 @@ def test_every_statement_that_writes_a_role_demands_the_boundary():
         for statement in found:
             assert statement["Condition"]["StringEquals"]["iam:PermissionsBoundary"] == BOUNDARY_ARN, statement["Sid"]
             assert statement["Resource"] == ["arn:aws:iam::<account-id>:role/parallelcluster/*"], statement["Sid"]
-    # Attaching: only the managed policies the stack attaches: AWS's for the CloudWatch agent and SSM, and
-    # the nodes' kms:Decrypt (include/cluster/iam/node-kms-policy.json), each named.
+    # Attaching: only the managed policies the stacks attach: AWS's for the CloudWatch agent and SSM, the
+    # image build instance's, and the nodes' kms:Decrypt (include/cluster/iam/node-kms-policy.json), each named.
     for statement in allowing(document, "iam:AttachRolePolicy"):
         assert sorted(statement["Condition"]["ArnLike"]["iam:PolicyARN"]) == [
             "arn:aws:iam::<account-id>:policy/ultracluster-node-kms",
             "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
-            "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
+            "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy",
+            "arn:aws:iam::aws:policy/EC2InstanceProfileForImageBuilder"]
     # Moving the boundary away, or rewriting it, is denied outright.
     denied = [s for s in statements(document) if s["Effect"] == "Deny"]
     assert uncovered_actions({"Statement": [dict(s, Effect="Allow") for s in denied]},

@@ -12,6 +12,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.fixtures_enforced import client, make_user
+from tests.fixtures_localcluster import FAKE_AWS
 from tests.iam_policy import AIRFLOW_POLICY, render_policy
 
 pytestmark = pytest.mark.localcluster
@@ -44,7 +45,7 @@ def denied(call) -> str:
 def test_the_local_clusters_principal_may_do_everything_and_nobody_else_is_known(enforced_moto, airflow):
     users = client(enforced_moto, "iam").list_users()["Users"]
     assert {u["UserName"] for u in users} >= {"local-ultracluster", airflow.name}
-    assert client(enforced_moto, "iam", "local-ultracluster", "local-ultracluster").list_users()["Users"]
+    assert client(enforced_moto, "iam", FAKE_AWS["AWS_ACCESS_KEY_ID"], FAKE_AWS["AWS_SECRET_ACCESS_KEY"]).list_users()["Users"]
     assert airflow.client("sts").get_caller_identity()["Arn"] == airflow.arn
     with pytest.raises(ClientError, match="InvalidClientTokenId"):
         client(enforced_moto, "sts", "unknown", "unknown").get_caller_identity()
