@@ -206,9 +206,12 @@ def test_the_scaling_reports_page_lists_the_sweep_and_shows_its_plot(browser, ai
         assert size[0] is True and size[1] > 0 and size[2] > 0, size
         assert size[1:] == [800, 600]  # ultracluster/report/plot.py: 8 x 6 inches at 100 dpi
         headers = frame.locator("th").all_inner_texts()
-        assert headers[:2] == ["Nodes", "World size"] and "Cost (USD)" in headers
+        assert headers[:4] == ["Nodes", "Model", "Device", "World size"] and "Cost (USD)" in headers
         rows = frame.locator("tbody tr")
         assert rows.count() >= 2
+        # What really trained: the tiny BERT on CPU, and no Trn1 reference beside it.
+        cells = rows.first.locator("td").all_inner_texts()
+        assert cells[1].startswith("BERT-tiny") and cells[2] == "CPU", cells
         assert frame.locator("h1").inner_text().endswith(f"sweep {sweep_report}")
         page.wait_for_timeout(500)
         shot = page.screenshot()

@@ -126,6 +126,13 @@ def test_cloudformation_and_quotas_are_judged_on_their_arns(airflow):
         quotas.get_service_quota(ServiceCode="ec2", QuotaCode="L-2C3B7624")
     except ClientError as err:   # moto may not know the quota; the point is it was not denied
         assert err.response["Error"]["Code"] not in ("AccessDenied", "AccessDeniedException", "403"), err
+    # SSM: the node image parameter under /ultracluster/ only (preflight reads it, trn1_build_image writes it).
+    ssm = airflow.client("ssm")
+    ssm.put_parameter(Name="/ultracluster/node-image/enforced", Value="ami-12c6146b", Type="String")
+    assert ssm.get_parameter(Name="/ultracluster/node-image/enforced")["Parameter"]["Value"] == "ami-12c6146b"
+    with pytest.raises(ClientError) as elsewhere:
+        ssm.get_parameter(Name="/someone-else/secret")
+    assert elsewhere.value.response["Error"]["Code"] in ("AccessDenied", "AccessDeniedException", "403")
 
 
 def test_ec2_reads_pass_and_writes_only_through_cloudformation(airflow):
