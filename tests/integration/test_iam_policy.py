@@ -384,3 +384,22 @@ def test_the_image_cleanup_role_is_parallelclusters_own_but_for_its_condition_ke
     assert reference_problems({"Statement": [dict(delete_stack, Sid="theirs", Condition={"ForAnyValue:StringLike": {
         "cloudformation:ResourceTag/parallelcluster:image_id": "*"}})]}) == [
         "theirs: cloudformation:DeleteStack takes no condition key cloudformation:ResourceTag/parallelcluster:image_id"]
+
+
+def test_the_pcluster_role_may_read_a_capacity_reservation_group_as_parallelclusters_validators_do(pcluster_python):
+    """With CapacityReservationResourceGroupArn the pinned aws-parallelcluster's config and validators
+    read the group through its ResourceGroupsClient (pcluster/aws/resource_groups.py): every boto3 call
+    that client makes is allowed on a group of the account, and on nothing of another account."""
+    code = ("import inspect, json, re\nfrom pcluster.aws.resource_groups import ResourceGroupsClient\n"
+            "print(json.dumps(sorted(set(re.findall(r'self\\._client\\.(\\w+)\\(', "
+            "inspect.getsource(ResourceGroupsClient))))))\n")
+    done = subprocess.run([str(pcluster_python), "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True)
+    operations = json.loads(done.stdout)
+    assert operations == ["get_group_configuration", "list_group_resources"]  # a new call fails here first
+    document = render_policy(PCLUSTER_POLICY.read_text(), VALUES)
+    group = f"arn:aws:resource-groups:{VALUES['region']}:{VALUES['account-id']}:group/trn1-odcr"
+    for operation in operations:
+        action = "resource-groups:" + "".join(word.title() for word in operation.split("_"))
+        assert is_allowed(document, action, group), action
+        assert not is_allowed(document, action, group.replace(VALUES["account-id"], "210987654321")), action
