@@ -30,11 +30,11 @@ BAD_CONFS = {
 }
 
 
-def task_log(api, run_id: str, task_id: str, try_number: int = 1) -> str:
+def task_log(api, run_id: str, task_id: str, try_number: int = 1, dag_id: str = DAG_ID) -> str:
     import json
     import urllib.request
 
-    req = urllib.request.Request(f"{api.base}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/"
+    req = urllib.request.Request(f"{api.base}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/"
                                  f"{try_number}?full_content=true")
     req.add_header("Authorization", f"Bearer {api.token}")
     req.add_header("Accept", "application/json")

@@ -10,6 +10,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, s3_client, assert_nothing_left
 from tests.e2e.test_cli_e2e import ultracluster
+from tests.e2e.test_preflight_e2e import task_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -179,6 +180,9 @@ def test_a_client_fan_out_shares_one_network_and_reports_like_a_backfill(airflow
     assert sorted(point_runs) == [1, 2], done.stdout
     assert api.task_states("trn1_sweep_network", network_run) == {
         "create_vpc": "success", "hold_network": "success", "delete_vpc": "success"}
+    # The hold waits in the triggerer until the last point ends: one deferral, not one per look.
+    hold_log = task_log(api, network_run, "hold_network", dag_id="trn1_sweep_network")
+    assert hold_log.count("Pausing task as DEFERRED") == 1, hold_log[-3000:]
     vpc_id = xcom(api, "trn1_sweep_network", network_run, "create_vpc")["vpc_id"]
     s3 = s3_client(env["AWS_ENDPOINT_URL"])
     results = {}

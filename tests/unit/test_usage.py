@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ultracluster.parsers.ec2 import instance_life, transition_time
-from ultracluster.run.cost import instance_usage, load_prices
+from ultracluster.run.cost import NO_PRICES, PRICES_ENV_VAR, instance_usage, load_prices, prices_for_billing
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -69,3 +69,13 @@ def test_an_unpriced_compute_type_leaves_the_total_unknown_not_low():
     lives = [instance_life(instance("Compute", "p9.mega", NOW - timedelta(hours=1), state="running"), NOW)]
     usage = instance_usage(lives, load_prices())
     assert usage["usd"] is None and usage["unpriced_types"] == ["p9.mega"] and usage["compute_node_hours"] == 1.0
+
+
+def test_a_bill_without_a_readable_prices_file_keeps_its_hours_and_says_why(tmp_path, monkeypatch):
+    warnings: list[str] = []
+    assert prices_for_billing(warnings.append, "Node-hours") == load_prices()
+    assert warnings == []
+    monkeypatch.setenv(PRICES_ENV_VAR, str(tmp_path / "missing.json"))
+    assert prices_for_billing(warnings.append, "Node-hours") is NO_PRICES
+    [warning] = warnings
+    assert warning.startswith("Node-hours only, no cost: Cannot read the prices file ") and "missing.json" in warning

@@ -22,7 +22,7 @@ from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.hooks.cluster_instances import CLUSTER_NAME_TAG, ClusterInstancesHook
 from ultracluster.parsers.ec2 import instance_life
 from ultracluster.run.contracts import RESULTS_FILE, USAGE_FILE
-from ultracluster.run.cost import NO_PRICES, PriceError, instance_usage, load_prices
+from ultracluster.run.cost import instance_usage, prices_for_billing
 from ultracluster.run.s3 import split_s3_uri
 
 AWS_ERRORS = (BotoCoreError, ClientError)
@@ -51,11 +51,7 @@ def _bill(log: Any, spec: Mapping[str, Any], deleted_at: str) -> Bill:
         log.warning("No cost recorded: EC2 lists no instance tagged %s=%s (none was launched, or they ended "
                     "over an hour ago and EC2 no longer lists them)", CLUSTER_NAME_TAG, name)
         return None
-    try:
-        prices = load_prices()
-    except PriceError as err:
-        log.warning("Instance-hours only, no cost: %s", err)
-        prices = NO_PRICES
+    prices = prices_for_billing(log.warning, "Instance-hours")
     now = datetime.now(timezone.utc)
     usage = instance_usage([instance_life(i, now) for i in instances], prices, _fsx_gib(spec["fsx_storage_capacity_gib"]))
     usage.update(cluster_name=name, measured_at=deleted_at)

@@ -16,16 +16,8 @@ from ultracluster.hooks.slurm import SlurmCommandError, SlurmHook
 from ultracluster.hooks.usage import write_beside_results
 from ultracluster.parsers.slurm import SlurmParseError
 from ultracluster.run.clock import utc_now
-from ultracluster.run.cost import NO_PRICES, PriceError, job_usage, load_prices, task_span_jobs
+from ultracluster.run.cost import job_usage, prices_for_billing, task_span_jobs
 from ultracluster.run.existing_cluster import named
-
-
-def _prices(op: Any) -> dict[str, Any]:
-    try:
-        return load_prices()
-    except PriceError as err:
-        op.log.warning("Node-hours only, no cost: %s", err)
-        return NO_PRICES
 
 
 def record_job_usage(op: Any, slurm: SlurmHook, billing: Mapping[str, Any], run_start: datetime | None,
@@ -52,7 +44,7 @@ def record_job_usage(op: Any, slurm: SlurmHook, billing: Mapping[str, Any], run_
         op.log.warning("Cluster %s has no Slurm accounting: the run is billed from its jobs' task spans",
                        billing.get("existing_cluster_name"))
         jobs = task_span_jobs(results, int(billing.get("num_nodes") or 0))
-    usage = job_usage(jobs, billing.get("instance_type"), _prices(op), source)
+    usage = job_usage(jobs, billing.get("instance_type"), prices_for_billing(op.log.warning, "Node-hours"), source)
     usage.update(cluster_name=named(billing.get("existing_cluster_name")), measured_at=utc_now())
     op.log.info("The run's %d Slurm job(s) on existing cluster %s used %.3f node-hours of %s (%s): $%s; the cluster's "
                 "own life is not the run's bill", len(jobs), usage["cluster_name"], usage["compute_node_hours"],

@@ -14,7 +14,7 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ultracluster.run.clock import minutes_between
 from ultracluster.run.profiles import include_dir
@@ -56,6 +56,16 @@ def load_prices(path: str | os.PathLike | None = None) -> dict[str, Any]:
     prices = {k: v for k, v in raw.items() if not k.startswith("_")}
     prices["file"] = str(where)
     return prices
+
+
+def prices_for_billing(warn: Callable[[str], Any], counted: str) -> dict[str, Any]:
+    """``load_prices()`` for a bill, else ``NO_PRICES``: the bill keeps its ``counted`` hours
+    ("Node-hours", "Instance-hours") and says why it has no cost; a bill never fails a run."""
+    try:
+        return load_prices()
+    except PriceError as err:
+        warn(f"{counted} only, no cost: {err}")
+        return NO_PRICES
 
 
 def _hourly(prices: dict[str, Any], instance_type: str | None) -> float | None:
