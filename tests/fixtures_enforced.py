@@ -5,6 +5,9 @@ tests/conftest.py:
                     (every request signed by a known principal and judged by its policies); yields its endpoint
     make_user(endpoint, name, policy) -> Principal   an IAM user with that inline policy and an access key
     Principal.put_policy(policy)                    replace the user's policy (a run missing one action)
+    make_role(endpoint, name, policy, trusted_arn, managed=()) -> arn   an IAM role with that inline policy
+                    (and managed ones), assumable by ``trusted_arn`` only
+    running_enforced_moto(principal_log)            a server of one's own, logging each request's signer
 
 The local cluster's own principal signs with the fixed keys ``testing`` (moto_enforced.LOCAL_KEYS): the
 stand-in, the harness and the tests' own checks may do everything.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,33 @@ def make_user(endpoint: str, name: str, policy: Mapping[str, Any]) -> Principal:
     principal = Principal(endpoint, name, key["AccessKeyId"], key["SecretAccessKey"], arn)
     principal.put_policy(policy)
     return principal
+
+
+def make_role(endpoint: str, name: str, policy: Mapping[str, Any], trusted_arn: str,
+              managed: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """An IAM role holding exactly ``policy`` (inline) and the ``managed`` policies (name -> document)."""
+    iam = client(endpoint, "iam")
+    trust = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"AWS": trusted_arn}, "Action": "sts:AssumeRole"}]}
+    arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    put_role_policy(endpoint, name, policy)
+    for policy_name, document in (managed or {}).items():
+        policy_arn = iam.create_policy(PolicyName=policy_name, PolicyDocument=json.dumps(document))["Policy"]["Arn"]
+        iam.attach_role_policy(RoleName=name, PolicyArn=policy_arn)
+    return arn
+
+
+def put_role_policy(endpoint: str, name: str, policy: Mapping[str, Any]) -> None:
+    client(endpoint, "iam").put_role_policy(RoleName=name, PolicyName=POLICY_NAME, PolicyDocument=json.dumps(policy))
+
+
+@contextmanager
+def running_enforced_moto(principal_log: Path) -> Iterator[str]:
+    """An enforcing server of one's own that appends each request's signer to ``principal_log``."""
+    if not LOCALCLUSTER_PYTHON.exists():
+        pytest.skip(f"{LOCALCLUSTER_PYTHON} missing: run `make setup`")
+    with running_moto([str(MOTO_ENFORCED_SERVER), "--principal-log", str(principal_log)]) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")

@@ -116,6 +116,10 @@ def s3_action(operation: str) -> str:
     return _S3_ACTIONS.get(operation, operation)
 
 
+# An IAM call naming one of these (AttachRolePolicy, ...) is judged on that principal, not on the policy.
+_IAM_PRINCIPAL_PARAMS = ("RoleName", "UserName", "GroupName")
+
+
 def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tuple[str, str]]:
     """(IAM action, resource ARN) pairs one recorded call needs."""
     service, operation, params = call["service"], call["operation"], call.get("params") or {}
@@ -135,6 +139,8 @@ def requests_of(call: Mapping[str, Any], region: str, account: str) -> list[tupl
         return [(f"cloudformation:{operation}", arn)]
     if service == "ssm" and params.get("Name"):
         return [(f"ssm:{operation}", f"arn:aws:ssm:{region}:{account}:parameter/{params['Name'].lstrip('/')}")]
+    if service == "iam" and params.get("PolicyArn") and not any(params.get(n) for n in _IAM_PRINCIPAL_PARAMS):
+        return [(f"iam:{operation}", params["PolicyArn"])]   # GetPolicy, GetPolicyVersion: the policy
     if service == "service-quotas" and params.get("ServiceCode"):
         return [(f"{prefix}:{operation}",
                  f"arn:aws:servicequotas:{region}:{account}:{params['ServiceCode']}/{params.get('QuotaCode', '')}")]

@@ -3,6 +3,7 @@ where moto alone would not: calls of a user holding exactly include/cluster/iam/
 allowed and denied. The end-to-end runs under enforcement (tests/e2e/test_pipeline.py) rely on it."""
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -142,3 +143,19 @@ def test_ec2_reads_pass_and_writes_only_through_cloudformation(airflow):
     assert "ec2:CreateVpc" in denied(lambda: ec2.create_vpc(CidrBlock="10.9.0.0/16"))
     denied(lambda: ec2.terminate_instances(InstanceIds=["i-0123456789abcdef0"]))
     denied(lambda: airflow.client("iam").list_users())
+
+
+def test_iam_policy_reads_are_judged_on_the_policys_arn(enforced_moto):
+    """ParallelCluster's validators read the policies a config names (iam:GetPolicy); the pcluster role's
+    statement names them, and AWS's managed ones must exist."""
+    iam = client(enforced_moto, "iam")
+    document = json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]})
+    mine, other = (iam.create_policy(PolicyName=f"uc-enforced-{name}", PolicyDocument=document)["Policy"]["Arn"]
+                   for name in ("mine", "other"))
+    managed = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+    reader = make_user(enforced_moto, "uc-policy-reader", {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "iam:GetPolicy", "Resource": [mine, managed]}]})
+    assert reader.client("iam").get_policy(PolicyArn=mine)["Policy"]["Arn"] == mine
+    assert reader.client("iam").get_policy(PolicyArn=managed)["Policy"]["PolicyName"] == "AmazonSSMManagedInstanceCore"
+    assert "iam:GetPolicy" in denied(lambda: reader.client("iam").get_policy(PolicyArn=other))

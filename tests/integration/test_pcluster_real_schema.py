@@ -332,7 +332,12 @@ def real_pcluster(pcluster_python) -> Path:
 
 @pytest.fixture(scope="module")
 def moto_account(moto_server) -> dict:
-    """What a real dry run needs in moto: buckets, a key pair, a VPC with two subnets, a 'ParallelCluster AMI'."""
+    return prepare_account(moto_server)
+
+
+def prepare_account(moto_server: str) -> dict:
+    """What a real dry run needs in moto: buckets, a key pair, a VPC with two subnets, a 'ParallelCluster AMI'
+    (made with the fixed keys ``testing``, which the enforcing moto's local principal holds too)."""
     import boto3
 
     session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")

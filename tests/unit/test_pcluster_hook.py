@@ -16,12 +16,14 @@ from ultracluster.parsers.pcluster import (
     ClusterAlreadyExistsError,
     ClusterNotFoundError,
     ClusterValidationError,
+    PclusterAccessDeniedError,
     PclusterError,
     cluster_status,
     failures,
     head_node_address,
     parse_cli_result,
 )
+from ultracluster.run.errors import denial_in
 from ultracluster.run.tags import tags_dict
 
 CONN_ID = "pcluster_unit"
@@ -77,6 +79,31 @@ def test_parse_other_errors_keep_pclusters_message():
     assert type(err.value) is PclusterError
     assert err.value.message == "Bad Request: File not found: '/nonexistent.yaml'"
     assert err.value.payload == json.loads(recorded("error_config_file_not_found.json"))
+
+
+def test_parse_a_denial_is_typed_and_names_the_action():
+    with pytest.raises(PclusterAccessDeniedError) as err:
+        parse_cli_result(1, recorded("error_list_clusters_access_denied.json"), "")
+    assert err.value.action == "cloudformation:DescribeStacks"
+    assert "AWS denied pcluster's cloudformation:DescribeStacks" in str(err.value) and "assumed-role" in str(err.value)
+    # As botocore's ClientError answers it: run.errors.denial_in, and so the retry policy, find it.
+    assert denial_in(err.value) is err.value and err.value.response["Error"]["Code"] == "AccessDenied"
+
+
+@pytest.mark.parametrize("message, action", [
+    # AWS's full wording (IAM User Guide, "Troubleshoot access denied error messages").
+    ("User: arn:aws:sts::123456789012:assumed-role/ultracluster-pcluster/s is not authorized to perform: "
+     "iam:CreateRole on resource: arn:aws:iam::123456789012:role/parallelcluster/x because no identity-based "
+     "policy allows the iam:CreateRole action", "iam:CreateRole"),
+    # EC2's UnauthorizedOperation names no action; S3's AccessDenied, through pcluster's own wording, neither.
+    ("You are not authorized to perform this operation. Encoded authorization failure message: abc", None),
+    ("You do not have access to the S3 bucket 'b': 'Access Denied'", None),
+])
+def test_parse_denials_in_awss_other_wordings(message, action):
+    with pytest.raises(PclusterAccessDeniedError) as err:
+        parse_cli_result(1, json.dumps({"message": message}), "")
+    assert err.value.action == action
+    assert ("one of pcluster's calls" in str(err.value)) is (action is None)
 
 
 def test_parse_non_json_failure_reports_stderr():
@@ -185,6 +212,23 @@ def test_missing_binary_is_a_clear_error(monkeypatch):
         {"conn_type": "pcluster", "extra": {"binary": "pcluster-does-not-exist-here"}}))
     with pytest.raises(PclusterError, match="pcluster-does-not-exist-here.*not found"):
         ParallelClusterHook("pcluster_nobin").describe_cluster("x")
+
+
+def test_a_profile_keeps_the_workers_keys_from_the_cli(monkeypatch, tmp_path):
+    """The worker's own keys would win over the profile in botocore: the CLI would sign as Airflow
+    (tests/integration/test_pcluster_role_principal.py shows it against the real CLI)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAAIRFLOWOWNKEY000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "airflow-secret")
+    extra = {"binary": "/bin/true", "env": {"AWS_PROFILE": "ultracluster-pcluster", "AWS_CONFIG_FILE": "/etc/c"}}
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_PROFILE", json.dumps({"conn_type": "pcluster", "extra": extra}))
+    env = ParallelClusterHook("pcluster_profile").get_conn()["env"]
+    assert env["AWS_PROFILE"] == "ultracluster-pcluster" and "AWS_ACCESS_KEY_ID" not in env
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+    extra["env"]["AWS_SECRET_ACCESS_KEY"] = "a-stored-secret"
+    monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_BOTH", json.dumps({"conn_type": "pcluster", "extra": extra}))
+    with pytest.raises(PclusterError, match="pcluster_both.*profile and sets AWS_SECRET_ACCESS_KEY") as refused:
+        ParallelClusterHook("pcluster_both").get_conn()
+    assert "a-stored-secret" not in str(refused.value)
 
 
 # --- create-cluster --dryrun true ----------------------------------------------------------------

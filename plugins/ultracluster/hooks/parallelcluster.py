@@ -1,7 +1,8 @@
 """ParallelClusterHook: the pcluster v3 CLI, one method per CLI verb (clusters and images).
 
 The connection (type ``pcluster``, default ``pcluster_default``) says which CLI to run and how:
-``extra = {"binary": "/path/to/pcluster", "region": "us-east-1", "env": {"AWS_PROFILE": ...}}``.
+``extra = {"binary": "/path/to/pcluster", "region": "us-east-1", "env": {"AWS_PROFILE": ...}}``; with
+a profile, the CLI signs as that profile's role, never with the worker's own keys (``run.cli_credentials``).
 The same hook drives real AWS ParallelCluster and the local UltraCluster's pcluster-compatible CLI;
 only the connection differs.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from ultracluster.parsers.pcluster import PclusterError, dryrun_succeeded, parse_cli_result
+from ultracluster.run.cli_credentials import CredentialsConflictError, child_env
 
 # create-cluster without --wait returns once CloudFormation accepted the stack; describe is quick.
 DEFAULT_CLI_TIMEOUT_S = 900
@@ -54,9 +56,11 @@ class ParallelClusterHook(BaseHook):
                 f"pcluster binary {binary!r} not found; set extra.binary on connection "
                 f"{self.pcluster_conn_id!r}"
             )
-        env = dict(os.environ)
         # Values may be credentials: they go to the child's environment and nowhere else.
-        env.update({str(k): str(v) for k, v in (extra.get("env") or {}).items()})
+        try:
+            env = child_env(os.environ, extra.get("env") or {})
+        except CredentialsConflictError as err:
+            raise PclusterError(f"connection {self.pcluster_conn_id!r}: {err}") from None
         return {
             "binary": resolved,
             "region": self._region_override or extra.get("region") or env.get("AWS_DEFAULT_REGION"),

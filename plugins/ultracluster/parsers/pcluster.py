@@ -32,6 +32,14 @@ _IMAGE_EXISTS = re.compile(r"^ParallelCluster (image|build infrastructure for im
 DRYRUN_SUCCEEDED = "Request would have succeeded, but DryRun flag is set."
 _CONFIG_REFUSED = re.compile(r"^(Bad Request|Invalid cluster configuration)\b")
 
+# AWS refused one of pcluster's own calls: pcluster prints the service's message without its code.
+# IAM's wording names the action ("... is not authorized to perform: cloudformation:DescribeStacks on
+# resource: ...", "... because no identity-based policy allows the s3:GetObject action"); EC2's
+# UnauthorizedOperation and S3's plain "Access Denied" do not.
+_DENIED = re.compile(r"not authorized to perform|\bAccessDenied|\bAccess Denied\b|UnauthorizedOperation",
+                     re.IGNORECASE)
+_DENIED_ACTION = re.compile(r"(?:not authorized to perform:?|policy allows the)\s+([a-z0-9-]+:[A-Za-z0-9*]+)")
+
 # Longest stderr tail kept in an error: enough to diagnose, short enough for a log line.
 _STDERR_TAIL_CHARS = 2000
 
@@ -79,6 +87,23 @@ class ImageNotFoundError(PclusterError):
 
 class ImageAlreadyExistsError(PclusterError):
     """build-image was refused: an image, or a build stack, of that id exists."""
+
+
+class PclusterAccessDeniedError(PclusterError):
+    """AWS denied a call pcluster made as the pcluster role: the same call is denied again until the
+    role's policy changes. ``action`` is the IAM action AWS named (None when its message names none).
+    It answers ``response`` as botocore's ClientError does, so ``run.errors.denial_in`` finds it and
+    the DAG's retry policy fails the task at once (operators.retry_policy)."""
+
+    def __init__(self, message: str, exit_code: int | None = None, payload: dict | None = None):
+        super().__init__(message, exit_code, payload)
+        found = _DENIED_ACTION.search(self.message)
+        self.action: str | None = found.group(1) if found else None
+        self.response = {"Error": {"Code": "AccessDenied", "Message": str(self)}}
+
+    def __str__(self) -> str:
+        denied = f"AWS denied pcluster's {self.action}" if self.action else "AWS denied one of pcluster's calls"
+        return f"{denied} (the pcluster_default connection's role lacks it; not retried): {self.message}"
 
 
 class ClusterValidationError(PclusterError):
@@ -134,6 +159,8 @@ def parse_cli_result(returncode: int, stdout: str, stderr: str) -> dict:
     message = str(payload.get("message") or f"pcluster exited {returncode}")
     if payload.get("configurationValidationErrors"):
         raise ClusterValidationError(message, returncode, payload)
+    if _DENIED.search(message):
+        raise PclusterAccessDeniedError(message, returncode, payload)
     if _IMAGE_NOT_FOUND.match(message):
         raise ImageNotFoundError(message, returncode, payload)
     if _IMAGE_EXISTS.match(message):
