@@ -245,7 +245,7 @@ def train(args, runtime: Runtime) -> int:
                                     position.epoch)
             transfers.step_done(step)
     finally:
-        prefetcher.close()
+        feed.close()
     train_seconds = time.perf_counter() - progress.loop_start
     sequences_processed = runtime.sum_across_ranks(sequences_seen)
     if runtime.distributed:

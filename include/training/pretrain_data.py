@@ -113,6 +113,9 @@ class ShardStream:
             epoch += 1
 
 
+_END = object()  # what a closed Prefetcher hands its consumer
+
+
 class Prefetcher:
     """Reads and converts batches in a background thread so the step never waits on disk."""
 
@@ -143,6 +146,8 @@ class Prefetcher:
         start = time.perf_counter()
         item = self._queue.get()
         self.wait_seconds += time.perf_counter() - start
+        if item is _END:
+            raise StopIteration
         if isinstance(item, BaseException):
             self.error = item
             raise item
@@ -150,27 +155,61 @@ class Prefetcher:
 
     def __iter__(self):
         while True:
-            yield self.next()
+            try:
+                item = self.next()
+            except StopIteration:
+                return
+            yield item
 
-    def close(self):
+    def close(self, timeout: float = 300) -> None:
+        """Stop the reader and wait for it: it stops after the batch it is reading. A daemon thread
+        still inside torch or h5py when the interpreter exits aborts the process ("terminate called
+        without an active exception"), which failed a rank that had finished (a slow read under load
+        outlasted the 5 s this once waited)."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            print(f"UC_INFO the batch reader did not stop in {timeout:.0f} s", flush=True)
+        # A consumer waiting for a batch (torch_xla's loader thread) gets the end instead.
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        try:
+            self._queue.put_nowait(_END)
+        except queue.Full:  # the reader, still going, filled it again
+            pass
+
+    @property
+    def reading(self) -> bool:
+        return self._thread.is_alive()
 
 
 class DeviceFeed:
     """What the training step takes its batches from, timing how long it waited for each.
 
-    On XLA, torch_xla's MpDeviceLoader (as the Neuron sample) copies the next batches to the device
-    in background threads while the current step runs; elsewhere the step moves its batch itself.
+    On XLA, torch_xla's ParallelLoader (what the Neuron sample's MpDeviceLoader wraps; held here so
+    that close() can join it) copies the next batches to the device in background threads while the
+    current step runs; elsewhere the step moves its batch itself.
     """
 
     def __init__(self, prefetcher: Prefetcher, runtime):
         self.runtime, self.prefetcher, self.wait_seconds = runtime, prefetcher, 0.0
+        self._loader = None
         if runtime.kind == "xla":
             import torch_xla.distributed.parallel_loader as pl
-            self._iter = iter(pl.MpDeviceLoader(prefetcher, runtime.device))
+            self._loader = pl.ParallelLoader(prefetcher, [runtime.device])
+            self._iter = iter(self._loader.per_device_loader(runtime.device))
         else:
             self._iter = iter(prefetcher)
+
+    def close(self) -> None:
+        """The reader first, then torch_xla's loader threads, which its end lets finish: no thread
+        may still be inside torch when the interpreter exits (see Prefetcher.close)."""
+        self.prefetcher.close()
+        if self._loader is not None:
+            self._loader.close()
 
     def next(self):
         start = time.perf_counter()

@@ -117,3 +117,31 @@ def test_prepare_data_from_text_files_with_a_given_vocab(training_python, data_d
     report = inspect(training_python, tmp_path / "a")
     assert report["bad_layout"] == report["bad_segments"] == report["bad_positions"] == 0
     assert 0.14 <= report["mask_ratio"] <= 0.16
+
+
+def test_the_batch_reader_is_stopped_before_the_worker_exits(training_python, tmp_path):
+    """A read still going when training ends (slow storage, a loaded node) is waited for: the reader
+    thread, alive at interpreter exit inside torch, would abort the finished rank (SIGABRT)."""
+    script = tmp_path / "slow_reader.py"
+    script.write_text(
+        "import sys, time\nimport numpy as np\n"
+        f"sys.path.insert(0, {str(TRAINING_DIR)!r})\n"
+        "from pretrain_data import Prefetcher\n"
+        "def stream():\n"
+        "    arrays = {'input_ids': np.arange(8 * 128).reshape(8, 128)}\n"
+        "    yield arrays, 0\n"
+        "    time.sleep(6)  # the next file's read, slow\n"
+        "    while True:\n"
+        "        yield arrays, 1\n"
+        "reader = Prefetcher(stream(), depth=1)\n"
+        "reader.next()\n"
+        "import threading\n"
+        "consumer = threading.Thread(target=lambda: list(reader))  # as torch_xla's loader thread\n"
+        "consumer.start()\n"
+        "time.sleep(0.5)\n"
+        "reader.close()\n"
+        "consumer.join(10)\n"
+        "print('reading after close:', reader.reading, 'consumer waiting:', consumer.is_alive())\n")
+    done = subprocess.run([str(training_python), str(script)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "reading after close: False consumer waiting: False"), \
+        done.stderr
