@@ -382,3 +382,14 @@ def test_stack_waits_end_create_vpc_and_delete_vpc_with_the_worker_paths_values(
     aws.delete_stack(StackName="uc-vpc-test")
     ended = asyncio.run(last_event(in_triggerer(stack_trigger("stack_delete_complete", end_task=True))))
     assert isinstance(ended, TaskSuccessEvent) and pushed == {"return_value": {"deleted": True, "stack_name": "uc-vpc-test"}}
+
+
+def test_a_denied_describe_ends_the_wait_at_once_as_a_deterministic_denial(fake):
+    """AWS answers a denied describe-cluster the same until the role's policy changes: no polling on."""
+    from ultracluster.run.events import deterministic
+
+    fake.respond("describe-cluster", ("error_list_clusters_access_denied.json", 1))
+    [event] = asyncio.run(collect(status_trigger("ClusterCreateComplete", max_attempts=20)))
+    assert (event["status"], event["reason"]) == ("error", "access_denied")
+    assert "cloudformation:DescribeStacks" in event["message"] and deterministic(event)
+    assert fake.verbs().count("describe-cluster") == 1

@@ -38,6 +38,7 @@ from ultracluster.parsers.pcluster import (
     region_from_arn,
 )
 from ultracluster.run import existing_cluster as byo
+from ultracluster.run.events import deterministic
 from ultracluster.run.returns import cluster_created
 from ultracluster.run.states import (
     CREATE_COMPLETE,
@@ -247,6 +248,8 @@ class CreateClusterOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict:
         if event.get("status") == "success":
             return self._result(event.get("description") or {})
+        if deterministic(event):  # AWS denied the wait's describe: so would it again; the teardown still runs
+            raise AirflowFailException(f"Cluster {self.cluster_name}: {event.get('message')}")
         hook = self.hook()
 
         try:

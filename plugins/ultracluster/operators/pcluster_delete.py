@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.usage import record_usage
@@ -14,6 +15,7 @@ from ultracluster.operators.pcluster import status_trigger
 from ultracluster.parsers.pcluster import ClusterNotFoundError, region_from_arn
 from ultracluster.run import existing_cluster as byo
 from ultracluster.run.clock import utc_now
+from ultracluster.run.events import deterministic
 from ultracluster.run.returns import cluster_deleted
 from ultracluster.run.s3 import check_sse
 from ultracluster.run.states import DELETE_IN_PROGRESS
@@ -135,6 +137,8 @@ class DeleteClusterOperator(BaseOperator):
         self.log.error("Deleting cluster %s: %s", self.cluster_name, event.get("message"))
         for failure in event.get("failures") or []:
             self.log.error("%s: %s", failure.get("failureCode"), failure.get("failureReason"))
+        if deterministic(event):
+            raise AirflowFailException(f"Cluster {self.cluster_name} not deleted: {event.get('message')}")
         if event.get("reason") == "cluster_failed" and delete_attempt < self.max_delete_attempts:
             return self._delete(context, delete_attempt + 1)
         arn = (event.get("description") or {}).get("cloudformationStackArn")

@@ -35,13 +35,15 @@ REASONS: dict[str, tuple[str, str]] = {
     "budget_exceeded": (FAILED, "the budget guard cancelled the job: its projected cost passed max_cost_usd"),
     "timeout": (ERROR, "the wait gave up after its limit"),
     "api_error": (ERROR, "the AWS or pcluster API kept failing"),
+    "access_denied": (ERROR, "AWS denied a call the wait makes: denied again until the role's policy changes "
+                             "(no retry)"),
     "unreachable": (ERROR, "the head node stayed unreachable past the outage limit"),
     "host_key_mismatch": (ERROR, "the head node presented another host key than the pinned one"),
     "job_renamed": (ERROR, "the job id now names another job (a rebuilt cluster reuses ids)"),
     "trigger_error": (ERROR, "the trigger hit an unexpected error"),
 }
 # No retry helps: the same inputs meet the same end (a retry would only spend more).
-DETERMINISTIC = frozenset({"budget_exceeded", "host_key_mismatch", "image_failed", "node_lost",
+DETERMINISTIC = frozenset({"access_denied", "budget_exceeded", "host_key_mismatch", "image_failed", "node_lost",
                            "partition_not_found"})
 
 

@@ -33,6 +33,7 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.slurm import WAIT_WINDOW_S, SlurmCommandError, SlurmHook
 from ultracluster.parsers.pcluster import (
     ClusterNotFoundError,
+    PclusterAccessDeniedError,
     PclusterError,
     cluster_facts,
     cluster_identity,
@@ -213,6 +214,8 @@ class ComputeFleetTrigger(BaseTrigger):
             # per window), then the same lines again (the stuck-node rule counts time).
             try:
                 judgement, again = await self._cluster_gate(pcluster_hook)
+            except PclusterAccessDeniedError:  # asking again is denied again: run() ends the wait
+                raise
             except PclusterError as err:  # the next window asks again: already an API-friendly rate
                 self.log.warning("describe-cluster failed, waiting on: %s", err)
                 continue
@@ -248,6 +251,9 @@ class ComputeFleetTrigger(BaseTrigger):
                 if judgement.verdict == READY:
                     judgement, head_node = await self._slurm_gate(head_node, pcluster_hook)
                 api_errors = 0
+            except PclusterAccessDeniedError as err:
+                yield self._event("access_denied", str(err))
+                return
             except PclusterError as err:  # transient CLI/API error: the sensor timeout bounds retries
                 api_errors += 1
                 judgement, head_node = Judgement(PENDING, "api_error", f"describe-cluster failed: {err}"), None

@@ -14,7 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
-from ultracluster.parsers.pcluster import PclusterError, image_failure, image_status, public_image_description
+from ultracluster.parsers.pcluster import PclusterAccessDeniedError, PclusterError, image_failure, image_status, public_image_description
 from ultracluster.run.events import event
 from ultracluster.run.states import GONE, image_verdict
 from ultracluster.triggers.backoff import api_delay
@@ -87,6 +87,9 @@ class ImageStatusTrigger(BaseTrigger):
                         pending.remove(image_id)
                         decided[image_id] = description
                 errors = 0
+            except PclusterAccessDeniedError as error:
+                yield self._event("access_denied", str(error), decided)
+                return
             except PclusterError as error:
                 errors += 1
                 self.log.warning("describe-image failed (%d in a row): %s", errors, error)

@@ -12,7 +12,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.hooks.usage import arecord_usage
-from ultracluster.parsers.pcluster import PclusterError, failures, public_description
+from ultracluster.parsers.pcluster import PclusterAccessDeniedError, PclusterError, failures, public_description
 from ultracluster.run.clock import utc_now
 from ultracluster.run.events import event
 from ultracluster.run.returns import cluster_created, cluster_deleted
@@ -115,6 +115,9 @@ class ClusterStatusTrigger(BaseTrigger):
                 description = await hook.adescribe_cluster(self.cluster_name)
                 state = evaluate(waiter, response=description)
                 consecutive_errors = 0
+            except PclusterAccessDeniedError as error:
+                yield self._event("access_denied", str(error))
+                return
             except PclusterError as error:
                 state = evaluate(waiter, error=error)
                 if state == SUCCESS:  # deleted and gone: the describe error is the success signal
