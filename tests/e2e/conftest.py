@@ -189,6 +189,18 @@ def run_dag_test(env: dict[str, str], conf: dict, name: str) -> tuple[dict, str,
     return json.loads(lines[-1].removeprefix("E2E_RESULT ")), output, calls
 
 
+def task_log(api, run_id: str, task_id: str, try_number: int = 1, dag_id: str = DAG_ID) -> str:
+    """One try's whole log, through the REST API."""
+    req = urllib.request.Request(f"{api.base}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/"
+                                 f"{try_number}?full_content=true")
+    req.add_header("Authorization", f"Bearer {api.token}")
+    req.add_header("Accept", "application/json")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        content = json.loads(resp.read())["content"]
+    # Structured lines: the exception's message is in its error detail, not in "event".
+    return "\n".join(json.dumps(line, ensure_ascii=False) if isinstance(line, dict) else str(line) for line in content)
+
+
 def dag_test_task_log(output: str, task_id: str) -> str:
     """A task's lines in dag.test()'s output, between its start and end markers."""
     found = re.search(rf"\[DAG TEST\] starting task_id={task_id} .*?\[DAG TEST\] end task task_id={task_id} ",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client
+from tests.e2e.conftest import DAG_ID, RUNTIME_READY, s3_client, task_log  # noqa: F401 - task_log: others import it from here
 from tests.e2e.test_sweep import unpaused  # noqa: F401 - fixture
 from tests.fixtures_localcluster import FAKE_AWS_CLIENT
 
@@ -28,20 +28,6 @@ BAD_CONFS = {
     "existing cluster": ({"existing_cluster_name": "no-such-cluster"},
                          "existing_cluster_name: cluster no-such-cluster does not exist in region us-east-1"),
 }
-
-
-def task_log(api, run_id: str, task_id: str, try_number: int = 1, dag_id: str = DAG_ID) -> str:
-    import json
-    import urllib.request
-
-    req = urllib.request.Request(f"{api.base}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/"
-                                 f"{try_number}?full_content=true")
-    req.add_header("Authorization", f"Bearer {api.token}")
-    req.add_header("Accept", "application/json")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        content = json.loads(resp.read())["content"]
-    # Structured lines: the exception's message is in its error detail, not in "event".
-    return "\n".join(json.dumps(line, ensure_ascii=False) if isinstance(line, dict) else str(line) for line in content)
 
 
 def test_bad_confs_fail_in_preflight_on_the_first_try_and_create_nothing(airflow_local, e2e_home, unpaused):

@@ -8,9 +8,9 @@ import urllib.error
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, s3_client, assert_nothing_left
+from tests.e2e.conftest import (DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left, s3_client,
+                                task_log)
 from tests.e2e.test_cli_e2e import ultracluster
-from tests.e2e.test_preflight_e2e import task_log
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.fixtures_localcluster import REGION, prepared_home, processes_mentioning, run_pcluster
+from tests.fixtures_localcluster import REGION, prepared_home, processes_mentioning, run_pcluster, wait_until_gone
 
 pytestmark = pytest.mark.localcluster
 
@@ -273,6 +273,7 @@ def test_existing_cluster_name_is_refused(make_cluster_config: Callable[..., Pat
     assert stack_after == stack_before
     code, _ = run_pcluster(uc_env, "delete-cluster", "-n", "taken")
     assert code == 0
+    wait_until_gone(uc_env, "taken")  # its stack too: the session's moto is shared with later tests
 
 
 def test_warnings_come_back_as_validation_messages_or_fail_at_warning_level(
