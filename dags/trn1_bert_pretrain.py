@@ -4,7 +4,9 @@ preflight -> create_vpc -> render_config -> pcluster_create -> wait_for_fleet ->
 -> train -> collect_results -> save_failure_artifacts -> delete_cluster (both teardowns of pcluster_create)
 -> delete_vpc (teardown of create_vpc). Beside the chain: restore_compile_cache before parallel_compile,
 restore_checkpoint (``resume_from``) before train, save_compile_cache after it. Each task's operator is
-imported below by name: its module is the step's code.
+imported below by name: its module is the step's code; the cluster tasks (preflight, create_vpc,
+render_config, pcluster_create, delete_cluster, delete_vpc), which trn1_sweep_cluster shares, are built
+in ultracluster.cluster_tasks, which names theirs.
 
 With ``existing_cluster_name`` the run uses a cluster it did not create: create_vpc and pcluster_create
 adopt it (creating nothing), render_config, delete_cluster and delete_vpc skip, and nothing the run does
@@ -36,50 +38,33 @@ import airflow.sdk.definitions.timetables.trigger  # noqa: F401
 import airflow.timetables.base  # noqa: F401
 from airflow.sdk import DAG, Asset
 
+from ultracluster import cluster_tasks as tasks
+from ultracluster.cluster_tasks import AWS_CONN_ID, CLUSTER_NAME, EXISTING_CLUSTER, PCLUSTER_CONN_ID, SSH_CONN_ID
 from ultracluster.notifications import run_failed
 from ultracluster.operators.checkpoint import RestoreCheckpointOperator
-from ultracluster.operators.cluster_config import RenderClusterConfigOperator
 from ultracluster.operators.compile_cache import CompileCacheOperator
 from ultracluster.operators.dataset import DownloadDatasetOperator
 from ultracluster.operators.failure_artifacts import SaveFailureArtifactsOperator
-from ultracluster.operators.pcluster import CreateClusterOperator
-from ultracluster.operators.pcluster_delete import DeleteClusterOperator
-from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.operators.results import CollectResultsOperator
 from ultracluster.operators.retry_policy import DeniedCallsFail
 from ultracluster.operators.slurm import SlurmJobOperator
-from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.params import dag_params
-from ultracluster.run.names import cluster_name_for, safe_run_id, vpc_stack_name_for
-from ultracluster.run.plan import cluster_of, plan_of
 from ultracluster.run.profiles import include_dir, load_profile
 from ultracluster.run.s3 import profile_sse
+from ultracluster.run.shared_cluster import HELD_NODES_TIMEOUT_S
 from ultracluster.sensors.fleet import ComputeFleetSensor
 
 DAG_ID = "trn1_bert_pretrain"
 PROFILE = load_profile()
 
-AWS_CONN_ID = "aws_default"
-PCLUSTER_CONN_ID = "pcluster_default"
-SSH_CONN_ID = "ultracluster_head_node"
-
 PARAMS = dag_params(PROFILE)
 # Server-side encryption of every object the pipeline writes to S3 (docs/operations.md, "Encryption").
 S3_ENCRYPTION = profile_sse(PROFILE)
-# The deployment's cap on Trn1 nodes alive at once, across every run (null: none). pcluster_create
-# checks it in a one-slot pool, so that two runs never check and create at the same time.
-MAX_LIVE_NODES = int(PROFILE["max_live_nodes"]) if PROFILE.get("max_live_nodes") not in (None, "") else None
-ADMISSION_POOL = "ultracluster_cluster_admission"
-SCHEDULE_PERIOD = timedelta(days=7)
 
 # Derived paths on shared storage (docs/contracts.md).
 JOB_DIR = "{{ params.shared_storage_mount_dir }}/ultracluster/{{ dag.dag_id }}/{{ safe_run_id(run_id) }}"
 DATA_ROOT = "{{ params.shared_storage_mount_dir }}/examples_datasets"
 COMPILE_CACHE_DIR = "{{ params.shared_storage_mount_dir }}/neuron-compile-cache"
-# The cluster the run trains on: the existing one it was given, else the one render_config named.
-CLUSTER_NAME = "{{ run_cluster(ti) }}"
-# Set: the run uses this cluster, which it did not create (run/existing_cluster.py); None: it creates one.
-EXISTING_CLUSTER = "{{ plan(ti).existing_cluster_name }}"
 # The Slurm partition of every job: the existing cluster's queue (existing_cluster_queue), else compute1.
 TRAINING_QUEUE = "{{ plan(ti).training_queue }}"
 
@@ -109,20 +94,14 @@ with DAG(
     # Weekly so backfills can sweep node counts; paused on creation so nobody pays for a surprise run.
     # No start_date: with one, unpausing starts a run for the latest past week at once (catchup=False
     # still schedules the most recent tick); without, the first scheduled run is the next tick.
-    schedule="@weekly",  # ticks SCHEDULE_PERIOD apart: a backfilled sweep's points follow them
+    schedule="@weekly",  # ticks cluster_tasks.SCHEDULE_PERIOD apart: a backfilled sweep's points follow them
     catchup=False,
     is_paused_upon_creation=True,
     # Each run owns a whole cluster: a couple at a time is what quotas and budgets allow.
     max_active_runs=2,
     params=PARAMS,
     render_template_as_native_obj=True,
-    user_defined_macros={
-        "safe_run_id": safe_run_id,
-        "cluster_name_for": cluster_name_for,
-        "vpc_stack_name_for": vpc_stack_name_for,
-        "plan": plan_of,  # the params with the run's sweep point applied (preflight's XCom)
-        "run_cluster": cluster_of,
-    },
+    user_defined_macros=tasks.MACROS,
     # A call AWS denies fails its task at once: a retry meets the same policy (docs/operations.md).
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_policy": DeniedCallsFail()},
     # Mail/Slack through the ultracluster_* connections, if any (docs/operations.md, "Notifications").
@@ -130,98 +109,10 @@ with DAG(
     tags=["ultracluster", "trn1", "bert"],
     doc_md=__doc__,
 ) as dag:
-    preflight = PreflightOperator(
-        task_id="preflight",
-        schedule_period=SCHEDULE_PERIOD,
-        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
-        max_cost_usd="{{ params.max_cost_usd }}",
-        aws_conn_id=AWS_CONN_ID,
-        s3_encryption=S3_ENCRYPTION,
-        # A compute node's boot against the bootstrap timeout (production; local nodes boot in seconds).
-        estimate_boot_time=PROFILE.get("estimate_boot_time") is True,
-        # A capacity reservation must start before the fleet wait gives up on the nodes.
-        reservation_lead_s=PROFILE["fleet_timeout_s"],
-        # Where this deployment's workers reach head nodes from: a run's ssh_allowed_cidr, if empty.
-        default_ssh_allowed_cidr=PROFILE.get("head_node_ssh_cidr") or None,
-        # The cluster roles' boundary (required unless the profile says otherwise: the local one) and the
-        # nodes' kms:Decrypt policy (docs/operations.md, "Least privilege").
-        permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
-        require_permissions_boundary=PROFILE.get("require_permissions_boundary", True) is not False,
-        node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
-        pcluster_conn_id=PCLUSTER_CONN_ID,  # where an existing cluster is checked
-        # The compute nodes' image: the run's custom_ami, else what trn1_build_image recorded here; none
-        # only where the deployment installs Neuron at boot.
-        node_image_parameter=PROFILE.get("node_image_parameter") or None,
-        install_neuron_at_boot=PROFILE.get("install_neuron_at_boot") is True,
-    )
-
-    create_vpc = CreateVpcStackOperator(
-        task_id="create_vpc",
-        stack_name="{{ vpc_stack_name_for(run_id) }}",
-        availability_zone_id="{{ params.availability_zone_id }}",
-        existing_network={
-            "vpc_id": "{{ params.existing_vpc_id }}",
-            "public_subnet_id": "{{ params.existing_public_subnet_id }}",
-            "private_subnet_id": "{{ params.existing_private_subnet_id }}",
-            "security_group_id": "{{ params.existing_security_group_id }}",
-        },
-        tags="{{ params.extra_tags }}",
-        resource_ttl_hours="{{ params.resource_ttl_hours }}",
-        existing_cluster_name=EXISTING_CLUSTER,
-        aws_conn_id=AWS_CONN_ID,
-        region_name="{{ params.region }}",
-        waiter_delay=PROFILE["cluster_poll_interval_s"],
-    )
-
-    render_config = RenderClusterConfigOperator(
-        task_id="render_config",
-        network=create_vpc.output,
-        cluster_name="{{ params.cluster_name }}",
-        region_name="{{ params.region }}",
-        key_name="{{ params.key_name }}",
-        image_os="{{ params.image_os }}",
-        custom_ami="{{ plan(ti).custom_ami }}",  # the node image preflight checked
-        install_neuron_at_boot="{{ plan(ti).install_neuron_at_boot }}",
-        log_retention_days="{{ params.log_retention_days }}",
-        head_node_instance_type="{{ params.head_node_instance_type }}",
-        instance_type="{{ params.instance_type }}",
-        min_nodes="{{ plan(ti).min_nodes }}",
-        max_nodes="{{ plan(ti).max_nodes }}",
-        extra_queues="{{ params.extra_queues }}",
-        capacity_type="{{ params.capacity_type }}",
-        capacity_reservation_id="{{ params.capacity_reservation_id }}",
-        capacity_reservation_resource_group_arn="{{ params.capacity_reservation_resource_group_arn }}",
-        ssh_allowed_cidr="{{ plan(ti).ssh_allowed_cidr }}",  # the run's, else the deployment's
-        allow_world_ssh="{{ params.allow_world_ssh }}",
-        shared_storage_mount_dir="{{ params.shared_storage_mount_dir }}",
-        fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
-        artifacts_s3_uri="{{ params.artifacts_s3_uri }}",
-        extra_tags="{{ params.extra_tags }}",
-        resource_ttl_hours="{{ params.resource_ttl_hours }}",
-        aws_conn_id=AWS_CONN_ID,
-        s3_encryption=S3_ENCRYPTION,
-        permissions_boundary_arn=PROFILE.get("permissions_boundary_arn") or None,
-        # With a customer managed KMS key: the managed policy that lets the nodes decrypt (run.node_iam).
-        node_kms_policy_arn=PROFILE.get("node_kms_policy_arn") or None,
-        # `pcluster create-cluster --dryrun true` on the rendered config before it is uploaded.
-        pcluster_conn_id=PCLUSTER_CONN_ID,
-        existing_cluster_name=EXISTING_CLUSTER,
-    )
-
-    pcluster_create = CreateClusterOperator(
-        task_id="pcluster_create",
-        cluster_config=render_config.output,
-        pcluster_conn_id=PCLUSTER_CONN_ID,
-        region_name="{{ params.region }}",
-        aws_conn_id=AWS_CONN_ID,
-        poll_interval=PROFILE["cluster_poll_interval_s"],
-        max_live_nodes=MAX_LIVE_NODES,
-        existing_cluster_name=EXISTING_CLUSTER,
-        # Runs after a skipped render_config (an existing cluster) to adopt that cluster. A setup may
-        # not skip: Airflow would skip every task between it and its teardowns.
-        trigger_rule="none_failed",
-        **({"pool": ADMISSION_POOL} if MAX_LIVE_NODES else {}),
-    )
+    preflight = tasks.preflight(PROFILE)
+    create_vpc = tasks.create_vpc(PROFILE)
+    render_config = tasks.render_config(PROFILE, create_vpc.output)
+    pcluster_create = tasks.pcluster_create(PROFILE, render_config.output)
 
     wait_for_fleet = ComputeFleetSensor(
         task_id="wait_for_fleet",
@@ -234,6 +125,10 @@ with DAG(
         poke_interval=PROFILE["fleet_poke_interval_s"],
         timeout=PROFILE["fleet_timeout_s"],
         node_replacements="{{ params.node_replacements }}",
+        # On a cluster the run did not create (a sweep's shared one), nodes other jobs hold are waited
+        # for, this long at most, instead of failing the wait.
+        existing_cluster_name=EXISTING_CLUSTER,
+        held_nodes_timeout=HELD_NODES_TIMEOUT_S,
     )
 
     download_data = DownloadDatasetOperator(
@@ -364,33 +259,10 @@ with DAG(
         retries=1,  # each retry keeps the cluster up a little longer
     )
 
-    delete_cluster = DeleteClusterOperator(
-        task_id="delete_cluster",
-        cluster_name=CLUSTER_NAME,
-        pcluster_conn_id=PCLUSTER_CONN_ID,
-        region_name="{{ params.region }}",
-        poll_interval=PROFILE["cluster_poll_interval_s"],
-        # Bills the run from EC2 once the cluster is gone; written beside collected results.
-        aws_conn_id=AWS_CONN_ID,
-        results_uri="{{ (ti.xcom_pull(task_ids='collect_results') or {}).get('artifacts_uri') }}",
-        fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
-        s3_encryption=S3_ENCRYPTION,
-        existing_cluster_name=EXISTING_CLUSTER,  # skips: the run never deletes a cluster it did not create
-    )
-
-    delete_vpc = DeleteVpcStackOperator(
-        task_id="delete_vpc",
-        vpc=create_vpc.output,
-        stack_name="{{ vpc_stack_name_for(run_id) }}",
-        # delete_cluster's name, checked gone before the network goes. None (no cluster was ever
-        # named) when render_config did not run: CLUSTER_NAME would render Undefined there.
-        cluster_name="{{ (ti.xcom_pull(task_ids='render_config') or {}).get('cluster_name') }}",
-        pcluster_conn_id=PCLUSTER_CONN_ID,
-        aws_conn_id=AWS_CONN_ID,
-        region_name="{{ params.region }}",
-        waiter_delay=PROFILE["cluster_poll_interval_s"],
-        existing_cluster_name=EXISTING_CLUSTER,
-    )
+    # Bills the run from EC2 once its cluster is gone, beside the collected results.
+    delete_cluster = tasks.delete_cluster(
+        PROFILE, "{{ (ti.xcom_pull(task_ids='collect_results') or {}).get('artifacts_uri') }}")
+    delete_vpc = tasks.delete_vpc(PROFILE, create_vpc.output)
 
     (
         preflight

@@ -26,7 +26,7 @@ LAYERS = (
     ("triggers", ("ultracluster.triggers",)),
     ("operators, sensors", ("ultracluster.operators", "ultracluster.sensors", "ultracluster.links",
                             "ultracluster.notifications", "ultracluster.params", "ultracluster.reaper")),
-    ("DAGs, CLI, UI", ("ultracluster.cli", "ultracluster.ui", "ultracluster.listeners",
+    ("DAGs, CLI, UI", ("ultracluster.cli", "ultracluster.ui", "ultracluster.listeners", "ultracluster.cluster_tasks",
                        "ultracluster.get_provider_info")),
 )
 

@@ -66,4 +66,7 @@ def samples(job_dir: str, job_id: str = "1", script: str = "/bin/true",
         "remove_files": [rc.remove_files(f"{job_dir}/written")],
         "upload_files": [rc.upload_files([(f"{job_dir}/none", "http://127.0.0.1:9/none")])],
         "pack_tar": [rc.pack_tar(f"{job_dir}/made", f"{job_dir}/made.tar")],
+        "modified_times": [rc.modified_times(f"{job_dir}/written", f"{job_dir}/none")],
+        "take_lock": [rc.take_lock(f"{job_dir}/.lock", "run-1", 3600)],
+        "release_lock": [rc.release_lock(f"{job_dir}/.lock", "run-1")],
     }

@@ -287,7 +287,8 @@ def dag_params(profile: dict[str, Any]) -> dict[str, Param]:
             "Optional: this run is one point of a scaling sweep; the point sets the node count, and "
             "the scaling report groups runs by id. In a backfill each logical date picks its point. "
             'Example: {"id": "s1", "num_nodes": [1, 2, 4], "scaling_mode": "weak"}; '
-            'one run of it: add "point": {"num_nodes": 2}.',
+            'one run of it: add "point": {"num_nodes": 2}. "cluster": "shared" trains every point on '
+            "the sweep's one cluster, made by trn1_sweep_cluster (trigger it first, with the same sweep).",
             **SWEEP_SCHEMA),
         "max_cost_usd": _param(
             None, "Cost limit (USD)", SWEEP,

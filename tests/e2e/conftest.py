@@ -261,6 +261,23 @@ class AirflowApi:
         tis = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         return {ti["task_id"]: ti["state"] for ti in tis}
 
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """One try's log as text (structured lines as JSON)."""
+        req = urllib.request.Request(f"{self.base}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/"
+                                     f"logs/{try_number}?full_content=true")
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Accept", "application/json")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            content = json.loads(resp.read())["content"]
+        return "\n".join(json.dumps(line, ensure_ascii=False) if isinstance(line, dict) else str(line)
+                         for line in content)
+
+    def deferrals(self, dag_id: str, run_id: str, task_id: str) -> int:
+        """How often the task deferred, over all its tries: its logs' "Pausing task as DEFERRED" lines."""
+        ti = self.call("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+        return sum(self.task_log(dag_id, run_id, task_id, attempt).count("Pausing task as DEFERRED")
+                   for attempt in range(1, int(ti.get("try_number") or 1) + 1))
+
 
 def start_airflow(env: dict[str, str], home: Path, password: str | None = None) -> tuple[AirflowApi, dict[str, str]]:
     """scripts/airflow.sh start, as `make up` runs it, in its own AIRFLOW_HOME on a free port."""

@@ -272,3 +272,16 @@ def test_no_image_is_refused_unless_the_profile_installs_at_boot(s3, ssm, capsys
     out = capsys.readouterr().out
     assert f"No node image ({PARAMETER} holds none): compute nodes install Neuron 2.28.0 at boot" in out
     assert "node boot estimate: 752 s for 16 × trn1.32xlarge" in out
+
+
+def test_the_holder_of_a_shared_cluster_plans_the_largest_point_and_indexes_nothing(s3):
+    """trn1_sweep_cluster's preflight (trains=False): a cluster for the sweep's largest point, named
+    after the sweep; steps_this_run over max_steps is the points' to refuse, not the holder's."""
+    sweep = {**SWEEP, "num_nodes": [1, 3, 2], "cluster": "shared"}
+    result = run(local(sweep=sweep, max_nodes=1, steps_this_run=50, max_steps=10), weeks=None, trains=False)
+    plan = result["plan"]
+    assert (plan["num_nodes"], plan["max_nodes"], plan["cluster_name"]) == (3, 3, "uc-sweep-s1")
+    assert plan["sweep_point"] is None and plan["existing_cluster_name"] is None
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0  # the points index themselves
+    with pytest.raises(AirflowFailException, match="needs a sweep"):
+        run(local(), trains=False)

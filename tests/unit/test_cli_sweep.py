@@ -178,6 +178,63 @@ def test_a_backfill_that_cannot_start_releases_the_shared_network(stub, capsys):
     assert "releasing the network" in capsys.readouterr().out
 
 
+HOLDER_DAG = "/api/v2/dags/trn1_sweep_cluster"
+HOLDER_RUN = "manual__2026-04-15T09:59:58+00:00"
+
+
+def holder_routes(stub: StubAirflow) -> None:
+    stub.on("GET", HOLDER_DAG, (200, {"is_paused": False}))
+    stub.on("POST", f"{HOLDER_DAG}/dagRuns", run(HOLDER_RUN, "queued"))
+    stub.on("GET", f"{HOLDER_DAG}/dagRuns/{HOLDER_RUN}/taskInstances?limit=100",
+            tis(("pcluster_create", "deferred", None)), tis(("pcluster_create", "success", 30.0)),
+            tis(("pcluster_create", "success", 30.0), ("hold_cluster", "success", 9.0),
+                ("delete_cluster", "success", 20.0), ("delete_vpc", "success", 2.0)))
+    stub.on("GET", f"{HOLDER_DAG}/dagRuns/{HOLDER_RUN}", run(HOLDER_RUN, "running"), run(HOLDER_RUN, "success"))
+    stub.on("GET", f"{HOLDER_DAG}/dagRuns/{HOLDER_RUN}/taskInstances/pcluster_create/xcomEntries/return_value",
+            (200, {"key": "return_value", "value": {"cluster_name": "uc-sweep-s1", "cluster_status": "CREATE_COMPLETE"}}))
+
+
+def test_a_sweep_on_one_cluster_starts_its_holder_first_and_no_network(stub, capsys):
+    """--cluster shared: trn1_sweep_cluster with the sweep's conf, marked shared; once its cluster is
+    up, the points with the same conf (each finds the cluster from it); no trn1_sweep_network."""
+    holder_routes(stub)
+    ids = [f"manual__2026-04-15T10:00:0{i}+00:00" for i in range(2)]
+    stub.on("GET", DAG, (200, {"is_paused": False}))
+    stub.on("POST", f"{DAG}/dagRuns", *(run(run_id, "queued") for run_id in ids))
+    for run_id in ids:
+        stub.on("GET", f"{DAG}/dagRuns/{run_id}", run(run_id, "success"))
+        stub.on("GET", f"{DAG}/dagRuns/{run_id}/taskInstances?limit=100", tis(("train", "success", 5.0)))
+
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "1,3", "--cluster", "shared", "--param", "max_steps=40",
+               "--poll-interval", "0.01") == 0
+    posts = [(path, body) for method, path, body in stub.requests if method == "POST" and path.endswith("/dagRuns")]
+    sweep = {"id": "s1", "num_nodes": [1, 3], "scaling_mode": "strong", "cluster": "shared"}
+    assert posts[0] == (f"{HOLDER_DAG}/dagRuns", {"logical_date": None, "conf": {"max_steps": 40, "sweep": sweep}})
+    assert [body["conf"] for _, body in posts[1:]] == [
+        {"max_steps": 40, "sweep": {**sweep, "point": {"num_nodes": n}}} for n in (1, 3)]
+    assert not any(NET_DAG in path for _, path, _ in stub.requests)
+    out = timeless(capsys.readouterr().out)
+    assert f"sweep s1: shared cluster: trn1_sweep_cluster run {HOLDER_RUN}\n" in out
+    assert "sweep s1: cluster uc-sweep-s1 is up; every point trains on it\n" in out
+    assert "  [cluster] delete_cluster         success            Ts\n" in out   # followed to its end
+    assert out.endswith("sweep s1: 2/2 runs succeeded\n")
+
+
+def test_a_shared_cluster_whose_points_cannot_start_is_released_at_once(stub, capsys):
+    holder_routes(stub)
+    dates = ["2026-04-12T00:00:00Z"]
+    backfill_routes(stub, dates)
+    stub.on("POST", "/api/v2/backfills", (409, {"detail": "There is already a running backfill"}))
+    stub.on("PATCH", f"{HOLDER_DAG}/dagRuns/{HOLDER_RUN}/taskInstances/hold_cluster", (200, {}))
+    assert cli(stub, "sweep", "--id", "s1", "--nodes", "4", "--via", "backfill", "--cluster", "shared",
+               "--poll-interval", "0.01", now=NOW) == 2
+    backfill = next(body for method, path, body in stub.requests if (method, path) == ("POST", "/api/v2/backfills"))
+    assert backfill["dag_run_conf"]["sweep"]["cluster"] == "shared"   # every backfilled run finds the cluster
+    assert ("PATCH", f"{HOLDER_DAG}/dagRuns/{HOLDER_RUN}/taskInstances/hold_cluster",
+            {"new_state": "success"}) in stub.requests
+    assert "releasing the cluster" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("nodes", ["1,x", "0,2", "2,2", ""])
 def test_bad_node_lists(stub, capsys, nodes):
     assert cli(stub, "sweep", "--id", "s1", "--nodes", nodes) == 2

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--network", choices=("shared", "per-run"), default="shared",
                        help="shared: one network for every point, made and deleted by trn1_sweep_network "
                             "(default); per-run: each run makes its own")
+    sweep.add_argument("--cluster", choices=("own", "shared"), default="own",
+                       help="own: each point makes its own cluster (default); shared: every point trains on one "
+                            "cluster, sized to the largest point, made and deleted by trn1_sweep_cluster")
     _conf_options(sweep)
     _follow_options(sweep)
     sweep.set_defaults(handler=cmd_sweep)

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 from ultracluster.cli.client import AirflowClient, CliError, segment
 from ultracluster.cli.follow import Followed, follow, run_path, say, task_instances, xcom_value
 from ultracluster.cli.runs import build_conf, ensure_unpaused, start_run
+from ultracluster.run.shared_cluster import HOLDER_DAG_ID, points_conf
 from ultracluster.run.sweep import ORIGIN, tick_index
 
 WEEK = timedelta(days=7)  # the DAG's @weekly schedule; ORIGIN is one of its ticks (a Sunday 00:00 UTC)
@@ -48,10 +49,11 @@ def parse_nodes(text: str) -> list[int]:
 
 
 def sweep_conf(args: argparse.Namespace, nodes: list[int]) -> dict:
-    """The --conf-file/--param conf with the sweep set: {"sweep": {"id", "num_nodes", "scaling_mode"}}."""
+    """The --conf-file/--param conf with the sweep set: {"sweep": {"id", "num_nodes", "scaling_mode"}}
+    (and ``"cluster": "shared"`` with ``--cluster shared``: ``run.shared_cluster``)."""
     conf = build_conf(args.conf_file, args.param)
     conf["sweep"] = {"id": args.id, "num_nodes": nodes, "scaling_mode": args.mode}
-    return conf
+    return points_conf(conf) if getattr(args, "cluster", "own") == "shared" else conf
 
 
 def past_ticks(now: datetime, count: int) -> list[datetime]:
@@ -80,8 +82,8 @@ def cmd_sweep(client: AirflowClient, args: argparse.Namespace, now: datetime | N
         followed = backfill(client, args, conf, nodes, now or datetime.now(timezone.utc))
     if not followed or args.no_follow:
         return 0
-    network = getattr(args, "network_run", None)
-    ok = follow(client, followed + ([network] if network else []), poll_s=args.poll_interval, timeout_s=args.timeout)
+    holder = getattr(args, "network_run", None)
+    ok = follow(client, followed + ([holder] if holder else []), poll_s=args.poll_interval, timeout_s=args.timeout)
     done = sum(run.state == "success" for run in followed)
     say(f"sweep {args.id}: {done}/{len(followed)} runs succeeded")
     return 0 if ok else 1
@@ -92,7 +94,7 @@ def fan_out(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: 
     if args.dry_run:
         raise CliError("--dry-run is for --via backfill (a fan-out has nothing to plan)")
     ensure_unpaused(client, args.dag, args.wait_for_dag)
-    with shared_network(client, args, conf, len(nodes)) as network:
+    with shared_network(client, args, conf, len(nodes)) as network, shared_cluster(client, args, conf, len(nodes)):
         followed = []
         for count in nodes:
             point = {**conf, **network, "sweep": {**conf["sweep"], "point": {"num_nodes": count}}}
@@ -104,57 +106,98 @@ def fan_out(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: 
 
 class shared_network:  # noqa: N801 - used as a context manager
     """``with shared_network(...) as params``: the network every point adopts (``existing_*`` params),
-    from a run of trn1_sweep_network; ``{}`` with ``--network per-run`` or a network in the conf.
-    If starting the points fails, the network is released at once (its hold task marked success,
-    so its teardown deletes it) instead of being held for the points that never came."""
+    from a run of trn1_sweep_network; ``{}`` with ``--network per-run``, a network in the conf, or a
+    shared cluster (``shared_cluster``, below, holds its own network). If starting the points fails,
+    what is held is released at once (its hold task marked success, so its teardowns delete it)
+    instead of being held for the points that never came."""
+
+    dag_id, what, ready_task, hold_task, label = NETWORK_DAG, "network", "create_vpc", "hold_network", "[network] "
 
     def __init__(self, client: AirflowClient, args: argparse.Namespace, conf: dict, points: int) -> None:
         self.client, self.args, self.conf, self.points = client, args, conf, points
         self.run_id: str | None = None
 
+    def wanted(self) -> bool:
+        return (self.args.network == "shared" and getattr(self.args, "cluster", "own") != "shared"
+                and not any(self.conf.get(p) for p in NETWORK_PARAMS.values()))
+
+    def holder_conf(self) -> dict:
+        return {"sweep_id": self.args.id, "points": self.points,
+                **{key: self.conf[key] for key in SHARED_WITH_NETWORK if key in self.conf}}
+
+    def ready(self, value: object) -> bool:
+        return isinstance(value, dict) and bool(value.get("vpc_id"))
+
+    def params(self, value: dict) -> dict:
+        say(f"sweep {self.args.id}: network {value.get('vpc_id')} is up; every point adopts it")
+        return {param: value[key] for key, param in NETWORK_PARAMS.items() if value.get(key)}
+
     def __enter__(self) -> dict:
-        if self.args.network != "shared" or any(self.conf.get(p) for p in NETWORK_PARAMS.values()):
+        if not self.wanted():
             return {}
         client, args = self.client, self.args
-        ensure_unpaused(client, NETWORK_DAG, args.wait_for_dag)
-        net_conf = {"sweep_id": args.id, "points": self.points,
-                    **{key: self.conf[key] for key in SHARED_WITH_NETWORK if key in self.conf}}
-        self.run_id = start_run(client, NETWORK_DAG, net_conf)
-        say(f"sweep {args.id}: shared network: {NETWORK_DAG} run {self.run_id}")
+        ensure_unpaused(client, self.dag_id, args.wait_for_dag)
+        self.run_id = start_run(client, self.dag_id, self.holder_conf())
+        say(f"sweep {args.id}: shared {self.what}: {self.dag_id} run {self.run_id}")
         try:
-            network = self._wait_for_network()
+            value = self._wait_until_ready()
         except BaseException as error:
             self.__exit__(type(error), error, None)
             raise
-        say(f"sweep {args.id}: network {network.get('vpc_id')} is up; every point adopts it")
-        self.args.network_run = Followed(NETWORK_DAG, self.run_id, label="[network] ")
-        return {param: network[key] for key, param in NETWORK_PARAMS.items() if network.get(key)}
+        self.args.network_run = Followed(self.dag_id, self.run_id, label=self.label)
+        return self.params(value)
 
-    def _wait_for_network(self) -> dict:
+    def _wait_until_ready(self) -> dict:
         limit = self.args.timeout or float("inf")   # 0: no limit, as for following
         deadline = time.monotonic() + limit
+        task = self.ready_task
         while time.monotonic() < deadline:
-            states = {ti["task_id"]: ti.get("state") for ti in task_instances(self.client, NETWORK_DAG, self.run_id)}
-            if states.get("create_vpc") == "success":
-                network = xcom_value(self.client, NETWORK_DAG, self.run_id, "create_vpc")
-                if isinstance(network, dict) and network.get("vpc_id"):
-                    return network
-            if states.get("create_vpc") in ("failed", "upstream_failed") or \
-                    self.client.get(run_path(NETWORK_DAG, self.run_id))["state"] == "failed":
-                raise CliError(f"the sweep's network was not created: {NETWORK_DAG} run {self.run_id} failed "
-                               f"(create_vpc {states.get('create_vpc')}); its create_vpc log says why")
+            states = {ti["task_id"]: ti.get("state") for ti in task_instances(self.client, self.dag_id, self.run_id)}
+            if states.get(task) == "success":
+                value = xcom_value(self.client, self.dag_id, self.run_id, task)
+                if self.ready(value):
+                    return value
+            if states.get(task) in ("failed", "upstream_failed", "skipped") or \
+                    self.client.get(run_path(self.dag_id, self.run_id))["state"] == "failed":
+                failed = [t for t, state in states.items() if state in ("failed", "upstream_failed")]
+                raise CliError(f"the sweep's {self.what} was not created: {self.dag_id} run {self.run_id} failed "
+                               f"({task} {states.get(task)}; failed: {', '.join(sorted(failed)) or 'none'}); "
+                               "their logs say why")
             time.sleep(self.args.poll_interval)
-        raise CliError(f"the sweep's network was not up after {limit:.0f} s ({NETWORK_DAG} run {self.run_id})")
+        raise CliError(f"the sweep's {self.what} was not up after {limit:.0f} s ({self.dag_id} run {self.run_id})")
 
     def __exit__(self, kind, error, trace) -> None:
         if error is not None and self.run_id:
-            say(f"sweep {self.args.id}: points not started; releasing the network ({NETWORK_DAG} run {self.run_id})")
+            say(f"sweep {self.args.id}: points not started; releasing the {self.what} ({self.dag_id} run "
+                f"{self.run_id})")
             try:
-                self.client.patch(f"{run_path(NETWORK_DAG, self.run_id)}/taskInstances/hold_network",
+                self.client.patch(f"{run_path(self.dag_id, self.run_id)}/taskInstances/{self.hold_task}",
                                   {"new_state": "success"})
             except CliError as failed:   # the first error is the one to report
-                say(f"sweep {self.args.id}: could not release the network ({failed}); mark {NETWORK_DAG} run "
-                    f"{self.run_id}'s hold_network success in the UI, or it is held for max_hold_hours")
+                say(f"sweep {self.args.id}: could not release the {self.what} ({failed}); mark {self.dag_id} run "
+                    f"{self.run_id}'s {self.hold_task} success in the UI, or it is held for max_hold_hours")
+
+
+class shared_cluster(shared_network):  # noqa: N801 - used as a context manager
+    """``with shared_cluster(...)``: with ``--cluster shared``, the sweep's one cluster, from a run of
+    trn1_sweep_cluster (given the sweep's conf: it sizes the cluster to the largest point). The
+    points need no param of it: their sweep conf names it (``run.shared_cluster.point_cluster``)."""
+
+    dag_id, what, ready_task, hold_task, label = HOLDER_DAG_ID, "cluster", "pcluster_create", "hold_cluster", \
+        "[cluster] "
+
+    def wanted(self) -> bool:
+        return getattr(self.args, "cluster", "own") == "shared"
+
+    def holder_conf(self) -> dict:
+        return dict(self.conf)
+
+    def ready(self, value: object) -> bool:
+        return isinstance(value, dict) and bool(value.get("cluster_name"))
+
+    def params(self, value: dict) -> dict:
+        say(f"sweep {self.args.id}: cluster {value.get('cluster_name')} is up; every point trains on it")
+        return {}
 
 
 def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes: list[int],
@@ -178,7 +221,7 @@ def backfill(client: AirflowClient, args: argparse.Namespace, conf: dict, nodes:
     if args.dry_run:
         return []
     ensure_unpaused(client, args.dag, args.wait_for_dag)
-    with shared_network(client, args, conf, len(nodes)) as network:
+    with shared_network(client, args, conf, len(nodes)) as network, shared_cluster(client, args, conf, len(nodes)):
         # Every backfilled run gets the same conf: the shared network goes in it.
         created = client.post("/api/v2/backfills", {**body, "dag_run_conf": {**conf, **network}})
         say(f"sweep {args.id}: backfill {created['id']} created")

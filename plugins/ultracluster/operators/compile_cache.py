@@ -4,7 +4,9 @@ Each run has a cluster, and its FSx, of its own: without this every run compiles
 13 minutes of a Trn1 cluster for BERT-Large). Restore unpacks the archive of the cache key into the
 shared cache directory before parallel_compile; save packs the directory after a successful train
 and puts it back. The head node moves the data with presigned URLs (as download_data does), so it
-needs no AWS credentials and the archive never travels through the worker.
+needs no AWS credentials and the archive never travels through the worker. Runs on one cluster (a
+sweep's shared cluster) share the cache directory and its archive's path: each restores or saves
+under a lock on it (``transfer_lock``), one at a time.
 """
 from __future__ import annotations
 
@@ -88,13 +90,14 @@ class CompileCacheOperator(RemoteTransferMixin, BaseOperator):
         head_node = HeadNodeHook(ssh_conn_id=self.ssh_conn_id, head_node=self.head_node)
         tar_path = posixpath.join(posixpath.dirname(self.cache_dir.rstrip("/")), f".ultracluster-cache-{key}.tar")
         pid_file = tar_path + ".pid"
-        head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
-        try:
-            if self.action == "restore":
-                return {**result, **self._restore(s3, head_node, bucket, object_key, tar_path, pid_file)}
-            return {**result, **self._save(s3, head_node, bucket, object_key, tar_path, pid_file)}
-        finally:
-            head_node.check(remote_commands.remove_files(tar_path, tar_path + ".part"))
+        with self.transfer_lock(head_node, tar_path + ".lock", context["ti"].run_id):
+            head_node.stop_remote_transfer(pid_file)  # an earlier try's curl, if it still runs
+            try:
+                if self.action == "restore":
+                    return {**result, **self._restore(s3, head_node, bucket, object_key, tar_path, pid_file)}
+                return {**result, **self._save(s3, head_node, bucket, object_key, tar_path, pid_file)}
+            finally:
+                head_node.check(remote_commands.remove_files(tar_path, tar_path + ".part"))
 
     def _restore(self, s3, head_node, bucket: str, object_key: str, tar_path: str, pid_file: str) -> dict:
         head = s3.head_object(key=object_key, bucket_name=bucket)

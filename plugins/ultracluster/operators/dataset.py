@@ -11,6 +11,10 @@ Before the download: the tar's HEAD (403 is access denied, 404 missing: ``run.s3
 
 Idempotent: a marker next to the data records the source URI, ETag and size; a rerun with a
 matching marker and enough files skips the download.
+
+Once: runs on one cluster (a sweep's shared cluster) download under a lock on the shared storage
+(``remote_commands.take_lock``); a run that finds the lock held waits for it, then finds the
+holder's marker and skips.
 """
 
 from __future__ import annotations
@@ -209,6 +213,18 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
         tar_name = posixpath.basename(key)
         marker_path = posixpath.join(self.data_dir, f"{MARKER_PREFIX}{tar_name}.json")
 
+        present = self._present(head_node, marker_path, key, etag, size)
+        if present:
+            return present
+        lock_dir = posixpath.join(self.data_dir, f".ultracluster-download-{tar_name}.lock")
+        with self.transfer_lock(head_node, lock_dir, context["ti"].run_id):
+            # Another run may have downloaded it while this one waited for the lock.
+            return self._present(head_node, marker_path, key, etag, size) or self._download(
+                head_node, s3, bucket, key, etag, size, marker_path)
+
+    def _present(self, head_node: HeadNodeHook, marker_path: str, key: str, etag: str,
+                 size: int) -> dict[str, Any] | None:
+        """The return value when the dataset is already there (the marker matches, enough files)."""
         marker = head_node.check(remote_commands.read_file(marker_path, 4096)).stdout
         if marker_matches(marker, self.dataset_s3_uri, etag, size):
             directory, count = self._dataset_dir(head_node, key)
@@ -218,7 +234,11 @@ class DownloadDatasetOperator(RemoteTransferMixin, BaseOperator):
                 )
                 return {"data_dir": directory, "files": count, "skipped": True}
             self.log.warning("Marker matches but only %d file(s) in %s: downloading again", count, directory)
+        return None
 
+    def _download(self, head_node: HeadNodeHook, s3: DatasetS3Hook, bucket: str, key: str, etag: str, size: int,
+                  marker_path: str) -> dict[str, Any]:
+        tar_name = posixpath.basename(key)
         digest = self._sidecar(s3, bucket, key)  # before the download: a bad sidecar fails first
         tar_path = posixpath.join(self.data_dir, tar_name)
         url = s3.generate_presigned_url(

@@ -32,6 +32,7 @@ from ultracluster.run.names import safe_run_id
 from ultracluster.run.node_iam import iam_problems
 from ultracluster.run.plan import plan_problems, run_plan
 from ultracluster.run.s3 import check_sse
+from ultracluster.run.shared_cluster import SharedClusterError, holder_plan
 from ultracluster.run.ssh_access import effective_cidr, flag, ssh_problems, ssh_warnings
 from ultracluster.run.sweep import SweepError, describe_point, write_index_entry
 from ultracluster.run.tags import tag_problems
@@ -72,6 +73,9 @@ class PreflightOperator(BaseOperator):
         ``custom_ami`` overrides it); the plan's ``custom_ami`` is the image that applies.
     :param install_neuron_at_boot: the profile's opt-in: without a node image, compute nodes install
         the Neuron stack at boot (else preflight refuses the run); into the plan for render_config.
+    :param trains: False for the holder of a sweep's shared cluster (trn1_sweep_cluster), which trains
+        nothing: its plan is ``run.shared_cluster.holder_plan`` (a cluster of the sweep's largest
+        point) and the training-only rules are left to the points' own preflights.
     """
 
     template_fields: Sequence[str] = ("artifacts_s3_uri", "max_cost_usd")
@@ -83,8 +87,9 @@ class PreflightOperator(BaseOperator):
                  default_ssh_allowed_cidr: str | None = None, permissions_boundary_arn: str | None = None,
                  require_permissions_boundary: bool = True, node_kms_policy_arn: str | None = None,
                  pcluster_conn_id: str = "pcluster_default", node_image_parameter: str | None = None,
-                 install_neuron_at_boot: bool = False, **kwargs: Any) -> None:
+                 install_neuron_at_boot: bool = False, trains: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.trains = trains
         self.pcluster_conn_id = pcluster_conn_id
         self.permissions_boundary_arn = permissions_boundary_arn
         self.require_permissions_boundary = require_permissions_boundary
@@ -102,8 +107,9 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         try:
-            plan = run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
-        except SweepError as err:
+            plan = (run_plan(dict(context["params"]), context.get("logical_date"), self.schedule_period)
+                    if self.trains else holder_plan(dict(context["params"])))
+        except (SweepError, SharedClusterError) as err:
             raise AirflowFailException(str(err)) from None
         # The head node's SSH CIDR render_config renders: the run's, else the deployment's.
         plan["ssh_allowed_cidr"] = effective_cidr(plan.get("ssh_allowed_cidr"), self.default_ssh_allowed_cidr)
@@ -115,7 +121,7 @@ class PreflightOperator(BaseOperator):
             expected = estimate(byo.billed_plan(plan), prices)
         except PriceError as err:
             raise AirflowFailException(f"cost estimate: {err}") from None
-        problems = plan_problems(plan)
+        problems = plan_problems(plan, trains=self.trains)
         problems += tag_problems(plan.get("extra_tags"))
         warnings: list[str] = []
         if existing:

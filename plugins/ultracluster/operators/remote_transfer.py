@@ -3,10 +3,14 @@
 Closing an SSH channel does not stop a remote curl writing to a file: ``remote_commands.cancellable``
 runs it in a process group whose id goes to a pid file, and ``HeadNodeHook.stop_remote_transfer``
 stops that group. A try stops an earlier try's transfer before it starts its own (two curls would
-write the same .part file); a kill or a failed try stops its own.
+write the same .part file); a kill or a failed try stops its own. Runs sharing a cluster (a sweep's
+shared cluster) transfer to the same files one at a time, under ``transfer_lock``.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -19,6 +23,8 @@ if TYPE_CHECKING:
     from ultracluster.remote_commands import RemoteCommand
 
 
+# Seconds between tries of a lock another run holds.
+LOCK_POLL_S = 5
 # Files per curl call: a 128-node run's logs, results and checkpoint shards go in one remote command;
 # bounded so one stdin config (about 1 KB a presigned URL) stays a few hundred KB.
 _UPLOAD_BATCH = 256
@@ -42,6 +48,26 @@ class RemoteTransferMixin:
             raise
         finally:
             self._pid_file = None
+
+    @contextmanager
+    def transfer_lock(self, head_node: HeadNodeHook, lock_dir: str, owner: str) -> Iterator[None]:
+        """Hold ``lock_dir`` on the shared storage (``remote_commands.take_lock``) for the block: other
+        runs on the cluster wait for it; one held past ``transfer_timeout`` is taken as dead."""
+        deadline = time.monotonic() + self.transfer_timeout
+        while True:
+            taken = head_node.run(remote_commands.take_lock(lock_dir, owner, self.transfer_timeout))
+            if taken.ok:
+                break
+            if taken.exit_status != 3 or time.monotonic() > deadline:
+                raise AirflowException(f"Could not take the lock {lock_dir}: "
+                                       f"{(taken.stdout + taken.stderr).strip()[-500:]}")
+            self.log.info("Run %s holds %s (the same transfer on this cluster): waiting", taken.stdout.strip(),
+                          lock_dir)
+            time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            head_node.run(remote_commands.release_lock(lock_dir, owner))
 
     def on_kill(self) -> None:
         """Stop the remote curl: closing the SSH channel alone would leave it running."""

@@ -10,6 +10,7 @@ worker slot) and looks again, up to ``teardown_wait`` seconds, so the report has
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -29,7 +30,8 @@ from ultracluster.report.table import make_report
 from ultracluster.run.clock import parse_time
 from ultracluster.run.cost import load_prices
 from ultracluster.run.s3 import check_sse
-from ultracluster.run.sweep import index_uri, read_index, sweep_location
+from ultracluster.run.shared_cluster import cluster_name, usage_key
+from ultracluster.run.sweep import index_uri, on_held, read_index, sweep_location
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -134,7 +136,8 @@ class ScalingReportOperator(BaseOperator):
                               self.xcom_lookup(ti, e.get("dag_id") or source, e["run_id"])) for e in entries]
         # The newest index entry has the sweep's current list of points.
         points = next((e["point"]["points"] for e in reversed(entries) if (e.get("point") or {}).get("points")), [])
-        report = make_report(sweep_id, source, points, records, prices, partial=partial)
+        report = make_report(sweep_id, source, points, records, prices, partial=partial,
+                             shared_cluster=self._shared_cluster(s3, root, source, sweep_id, entries))
         if not entries:
             return report, f"no runs indexed under {index_uri(root, source, sweep_id)}"
         if report["pending"] and not partial:
@@ -142,6 +145,20 @@ class ScalingReportOperator(BaseOperator):
                                 for p in report["pending"])
             return report, f"not every point has ended (pending: {waiting}); set partial to report anyway"
         return report, None
+
+    def _shared_cluster(self, s3: Any, root: str, source: str, sweep_id: str,
+                        entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A sweep on one cluster: its name and the holder's bill of it (None until it is deleted)."""
+        name = cluster_name(sweep_id)
+        if not on_held(entries, None, name):
+            return None
+        bucket, prefix = sweep_location(root, "sweeps", source, sweep_id)
+        key = usage_key(prefix)
+        usage = json.loads(s3.read_key(key, bucket_name=bucket)) if s3.check_for_key(key, bucket_name=bucket) else None
+        if usage is None:
+            self.log.info("Sweep %s trained on shared cluster %s, not billed yet (s3://%s/%s missing)",
+                          sweep_id, name, bucket, key)
+        return {"cluster_name": name, "usage": usage}
 
     def _wait(self, sweeps: list[str], started: datetime) -> None:
         self.log.info("Sweep(s) %s: the last runs are deleting their clusters; looking again in %s s "

@@ -7,6 +7,10 @@ this VPC and all of them have ended: one look in its worker, then one deferral t
 ``triggers.sweep_network.SweepNetworkTrigger``, which ends the task itself. Then the teardown
 deletes the network. It gives up waiting after ``max_hold``: delete_vpc then fails if a cluster
 still holds the network.
+
+``trn1_sweep_cluster``'s hold_cluster is the same task holding a sweep's shared cluster
+(``cluster_name``; ``run.shared_cluster``): it counts the runs on that cluster instead, and its
+teardowns delete the cluster, then its network.
 """
 from __future__ import annotations
 
@@ -33,15 +37,17 @@ class SweepNetworkHoldOperator(BaseOperator):
     :param artifacts_s3_uri: where the sweep index lives (the points' ``artifacts_s3_uri``).
     :param poll_interval: seconds between looks, deferred in between.
     :param max_hold_hours: stop waiting after this long.
+    :param cluster_name: the sweep's shared cluster, when this task holds one (None: the network).
     """
     template_fields: Sequence[str] = ("network", "sweep_id", "points", "source_dag_id", "artifacts_s3_uri",
-                                      "max_hold_hours")
+                                      "max_hold_hours", "cluster_name")
     ui_color = "#e8daef"
 
     def __init__(self, *, network: Any, sweep_id: str, points: Any, source_dag_id: str, artifacts_s3_uri: str,
                  aws_conn_id: str | None = "aws_default", poll_interval: float = 60, max_hold_hours: Any = 72,
-                 **kwargs: Any) -> None:
+                 cluster_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.cluster_name = cluster_name
         self.network = network
         self.sweep_id = sweep_id
         self.points = points
@@ -55,7 +61,7 @@ class SweepNetworkHoldOperator(BaseOperator):
         watch = {"aws_conn_id": self.aws_conn_id, "artifacts_s3_uri": self.artifacts_s3_uri,
                  "source_dag_id": self.source_dag_id, "sweep_id": self.sweep_id,
                  "vpc_id": (self.network or {}).get("vpc_id"), "points": int(self.points), "since": utc_now(),
-                 "max_hold_hours": float(self.max_hold_hours)}
+                 "max_hold_hours": float(self.max_hold_hours), "cluster_name": self.cluster_name or None}
         verdict, summary, open_runs = look(self.log, **watch)
         message = hold_message(verdict, summary, open_runs, watch["max_hold_hours"])
         if verdict != HOLD:
@@ -71,4 +77,5 @@ class SweepNetworkHoldOperator(BaseOperator):
         looks kept failing, or under dag.test() (``triggers.task_end``)."""
         if event.get("status") == "success":
             return event["summary"]
-        raise AirflowException(f"Holding the network of sweep {self.sweep_id}: {event.get('message')}")
+        held = f"cluster {self.cluster_name}" if self.cluster_name else "the network"
+        raise AirflowException(f"Holding {held} of sweep {self.sweep_id}: {event.get('message')}")

@@ -11,13 +11,32 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ultracluster import remote_commands
 from ultracluster.hooks.head_node import HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmCommandError, SlurmHook
 from ultracluster.hooks.usage import write_beside_results
+from ultracluster.parsers.files import FileOutputError, parse_modified_times
 from ultracluster.parsers.slurm import SlurmParseError
 from ultracluster.run.clock import utc_now
-from ultracluster.run.cost import job_usage, prices_for_billing, task_span_jobs
+from ultracluster.run.cost import job_marker_seconds, job_usage, prices_for_billing, task_span_jobs
 from ultracluster.run.existing_cluster import named
+
+
+def _marker_seconds(op: Any, slurm: SlurmHook, results: list[Mapping[str, Any]]) -> dict[str, int]:
+    """job id -> the seconds it ran, from the markers next to its log (``remote_commands.sbatch``: the
+    name file as it starts, the exit file as it ends): a task's span also holds the job's wait in
+    Slurm's queue, behind other runs' jobs on a shared cluster."""
+    stems = {str(j["job_id"]): j["log_path"].removesuffix(".out") for j in results
+             if j.get("job_id") and str(j.get("log_path") or "").endswith(".out")}
+    markers = {job_id: (stem + ".name", stem + ".exit") for job_id, stem in stems.items()}
+    if not markers:
+        return {}
+    try:
+        result = slurm.head_node_hook.run(remote_commands.modified_times(*[p for pair in markers.values() for p in pair]))
+        return job_marker_seconds(parse_modified_times(result.stdout), markers)
+    except (HeadNodeUnreachableError, FileOutputError) as err:
+        op.log.warning("The jobs' markers could not be read (%s): billed from their task spans", err)
+        return {}
 
 
 def record_job_usage(op: Any, slurm: SlurmHook, billing: Mapping[str, Any], run_start: datetime | None,
@@ -41,9 +60,11 @@ def record_job_usage(op: Any, slurm: SlurmHook, billing: Mapping[str, Any], run_
         return None
     source = "sacct" if jobs is not None else "task_spans"
     if jobs is None:
-        op.log.warning("Cluster %s has no Slurm accounting: the run is billed from its jobs' task spans",
-                       billing.get("existing_cluster_name"))
-        jobs = task_span_jobs(results, int(billing.get("num_nodes") or 0))
+        op.log.warning("Cluster %s has no Slurm accounting: the run is billed from its jobs' start and exit "
+                       "markers, else their task spans", billing.get("existing_cluster_name"))
+        ran = _marker_seconds(op, slurm, results)
+        source = "job_markers" if ran and len(ran) == len(results) else source
+        jobs = task_span_jobs(results, int(billing.get("num_nodes") or 0), ran)
     usage = job_usage(jobs, billing.get("instance_type"), prices_for_billing(op.log.warning, "Node-hours"), source)
     usage.update(cluster_name=named(billing.get("existing_cluster_name")), measured_at=utc_now())
     op.log.info("The run's %d Slurm job(s) on existing cluster %s used %.3f node-hours of %s (%s): $%s; the cluster's "

@@ -41,3 +41,17 @@ def parse_file_listing(stdout: str) -> dict[str, int]:
         if sep and size.isdigit():
             files[path] = int(size)
     return files
+
+
+def parse_modified_times(stdout: str) -> dict[str, int]:
+    """``modified_times``: path -> epoch seconds."""
+    times = {}
+    for line in stdout.splitlines():
+        stamp, _, path = line.strip().partition(" ")
+        if not path:
+            continue
+        try:
+            times[path] = int(stamp)
+        except ValueError:
+            raise FileOutputError(f"Unexpected stat output: {line[:200]!r}") from None
+    return times

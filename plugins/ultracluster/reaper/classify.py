@@ -1,7 +1,9 @@
 """Which of the pipeline's resources are orphans: the reaper's rules, in one place.
 
 A resource is reaped only when it carries the created-by marker and either its run has ended, or
-its expiry has passed and its run cannot be found. Anything else is kept, with the reason why.
+its expiry has passed and its run cannot be found. Anything else is kept, with the reason why. A
+sweep's shared cluster is its holder run's (``run.shared_cluster``): kept while that run is live,
+whichever of the sweep's points have ended.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from ultracluster.run.shared_cluster import HOLDER_DAG_ID
 from ultracluster.run.states import RUN_ENDED
 from ultracluster.run.tags import CREATED_BY, CREATED_BY_TAG, DAG_ID_TAG, EXPIRES_AT_TAG, RUN_ID_TAG, parse_expiry
 
@@ -51,6 +54,8 @@ def judge(kind: str, name: str, tags: dict[str, str], run_state: RunState, now: 
     if state in RUN_ENDED:
         return verdict(True, f"run ended ({state})")
     if state is not None:  # queued, running, or a state this code does not know: live
+        if dag_id == HOLDER_DAG_ID:
+            return verdict(False, f"kept: a sweep's shared cluster (or its network), its holder run is {state}")
         return verdict(False, f"kept: run is {state}")
     expiry = parse_expiry(tags.get(EXPIRES_AT_TAG))
     if expiry is None:

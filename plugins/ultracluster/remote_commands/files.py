@@ -179,6 +179,13 @@ def verify_checksum_manifest(directory: str) -> RemoteCommand:
     )
 
 
+def modified_times(*paths: str) -> RemoteCommand:
+    """``<epoch seconds> <path>`` per file that exists (missing ones are left out, exit 0)."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return RemoteCommand(shell=f"stat -c '%Y %n' -- {quoted} 2>/dev/null; true",
+                         description=f"modification times of {len(paths)} file(s)")
+
+
 def remove_files(*paths: str) -> RemoteCommand:
     return from_argv("rm", "-f", "--", *paths)
 
@@ -217,4 +224,34 @@ def pack_tar(directory: str, tar_path: str) -> RemoteCommand:
         shell=(f"mkdir -p -- {quoted} {parent} && tar -c -f {part} -C {quoted} . && mv -f -- {part} {tar} "
                f"&& stat -c %s -- {tar}"),
         description=f"pack {directory} into {tar_path}",
+    )
+
+
+# ---------------------------------------------------------------------------------- locks
+
+
+def take_lock(lock_dir: str, owner: str, stale_after_s: float) -> RemoteCommand:
+    """mkdir is atomic on shared storage: exit 0 and the lock is ours (``owner`` written in it), or
+    exit 3 and the holder's name on stdout. ``owner`` retakes its own lock (a retry of the task that
+    held it); a lock older than ``stale_after_s`` (its holder died) is broken and taken."""
+    lock, owner_file = shlex.quote(lock_dir), shlex.quote(lock_dir + "/owner")
+    minutes = max(1, int(float(stale_after_s) // 60))
+    return RemoteCommand(
+        shell=(
+            f"mkdir -p -- {shlex.quote(lock_dir.rsplit('/', 1)[0] or '/')} && "
+            f"if [ -n \"$(find {lock} -maxdepth 0 -mmin +{minutes} 2>/dev/null)\" ]; then rm -rf -- {lock}; fi; "
+            f"if mkdir -- {lock} 2>/dev/null; then printf '%s\\n' {shlex.quote(owner)} > {owner_file}; "
+            f"elif [ \"$(cat -- {owner_file} 2>/dev/null)\" = {shlex.quote(owner)} ]; then :; "
+            f"else cat -- {owner_file} 2>/dev/null || echo unknown; exit 3; fi"
+        ),
+        description=f"take the lock {lock_dir}",
+    )
+
+
+def release_lock(lock_dir: str, owner: str) -> RemoteCommand:
+    """Remove the lock if ``owner`` holds it (a broken-and-retaken lock is not ours to remove)."""
+    lock, owner_file = shlex.quote(lock_dir), shlex.quote(lock_dir + "/owner")
+    return RemoteCommand(
+        shell=f"if [ \"$(cat -- {owner_file} 2>/dev/null)\" = {shlex.quote(owner)} ]; then rm -rf -- {lock}; fi",
+        description=f"release the lock {lock_dir}",
     )

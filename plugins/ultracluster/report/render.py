@@ -54,9 +54,27 @@ LEGEND = ("`*` time to train extrapolated from the steps run. Cost is what EC2 s
           "(nodes × fleet ready → train end) where that is unknown.")
 
 
+def shared_cluster_cells(shared: Mapping[str, Any]) -> list[str]:
+    """The shared cluster's line: its overhead (head node, FSx, idle nodes) in the Cost column."""
+    cells = ["-"] * len(COLUMNS)
+    cells[0] = "Shared cluster"
+    overhead = shared.get("overhead")
+    if overhead is None:
+        cells[-1] = f"{shared.get('cluster_name')}: not billed yet (still up)"
+        return cells
+    cells[-2] = _number(",.2f")(overhead["usd"])
+    cells[-1] = (f"{shared.get('cluster_name')}: head node {overhead['head_node_usd']:,.2f}, "
+                 f"FSx {overhead['fsx_usd']:,.2f}, idle nodes {overhead['idle_nodes_usd']:,.2f} "
+                 f"({overhead['idle_node_hours']:.3f} node-h)")
+    return cells
+
+
 def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Headers and cells: the measured rows, then the reference points."""
+    """Headers and cells: the measured rows, the shared cluster's overhead (a sweep on one cluster),
+    then the reference points."""
     cells = [[measured(row) for _, measured, _ in COLUMNS] for row in report["rows"]]
+    if report.get("shared_cluster"):
+        cells.append(shared_cluster_cells(report["shared_cluster"]))
     cells += [[reference(ref) for _, _, reference in COLUMNS] for ref in report.get("references") or []]
     return [header for header, _, _ in COLUMNS], cells
 
@@ -83,6 +101,9 @@ def bullets(report: Mapping[str, Any]) -> dict[str, list[str]]:
                + (" — tearing down" if p.get("tearing_down") else "") for p in report.get("pending") or []]
     notes = list(report.get("notes") or [])
     notes += [f"{row['nodes']} nodes: {note}" for row in report["rows"] for note in row.get("notes") or []]
+    if report.get("shared_cluster"):
+        notes.append(f"the points trained on one cluster, {report['shared_cluster'].get('cluster_name')}: each is "
+                     "billed its Slurm jobs' node-hours; its head node, FSx and idle nodes are the Shared cluster line")
     prices = report.get("prices") or {}
     return {"Efficiency": [efficiency], "Pending": waiting, "Notes": notes,
             "Prices": [f"{prices.get('source')} (as of {prices.get('as_of')})."]}

@@ -10,6 +10,7 @@ from ultracluster.report import hardware
 from ultracluster.report.records import chosen_run, point_nodes
 from ultracluster.run.clock import minutes_between
 from ultracluster.run.cost import run_cost
+from ultracluster.run.shared_cluster import overhead
 from ultracluster.run.states import RUN_ENDED
 
 EFFICIENCY_FORMULAS = {
@@ -126,8 +127,11 @@ def pending(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def make_report(sweep_id: str, source_dag_id: str, sweep_points: Sequence[int],
                 records: Sequence[Mapping[str, Any]], prices: Mapping[str, Any], *,
-                partial: bool = False, generated_at: datetime | None = None) -> dict[str, Any]:
-    """Everything the renderers show: rows, efficiency baseline, reference points, what is pending."""
+                partial: bool = False, generated_at: datetime | None = None,
+                shared_cluster: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the renderers show: rows, efficiency baseline, reference points, what is pending.
+    ``shared_cluster``: ``{"cluster_name", "usage"}`` when the points trained on one cluster (its
+    usage None while it is up): the report adds its overhead (``run.shared_cluster.overhead``)."""
     rows = build_rows(sweep_points, records, prices)
     mode, mixed_modes = sweep_scaling_mode(records)
     instance_type, mixed_types = _common(r.get("instance_type") for r in rows if r["status"] == "success")
@@ -161,4 +165,9 @@ def make_report(sweep_id: str, source_dag_id: str, sweep_points: Sequence[int],
         "pending": pending(rows),
         "notes": notes,
         "prices": {"source": prices.get("source"), "as_of": prices.get("as_of"), "file": prices.get("file")},
+        "shared_cluster": None if shared_cluster is None else {
+            "cluster_name": shared_cluster.get("cluster_name"),
+            "overhead": overhead(shared_cluster.get("usage"), [
+                {"usd": r.get("cost_usd"), "compute_node_hours": r.get("node_hours")} for r in rows]),
+        },
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -147,7 +148,8 @@ def job_usage(jobs: list[dict[str, Any]], instance_type: str | None, prices: dic
 
     :param jobs: ``[{"job_id", "name", "state", "elapsed_s", "nodes"}]`` (``parsers.slurm.parse_sacct_usage``,
         or ``task_span_jobs``).
-    :param source: where the jobs' times come from: ``sacct``, or ``task_spans`` without accounting.
+    :param source: where the jobs' times come from: ``sacct``; without accounting ``job_markers`` (the
+        markers the job writes as it starts and ends) or ``task_spans``.
     :return: ``instance_usage``'s keys (``basis`` ``slurm_jobs``; the head node's and FSx's None) plus
         ``source`` and ``jobs``.
     """
@@ -162,17 +164,32 @@ def job_usage(jobs: list[dict[str, Any]], instance_type: str | None, prices: dic
     }
 
 
-def task_span_jobs(results: list[Any], nodes: int) -> list[dict[str, Any]]:
+def task_span_jobs(results: list[Any], nodes: int, ran_s: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """Jobs as their tasks saw them (SlurmJobOperator's XComs: submission to the end seen), each on
-    ``nodes`` nodes: the bill of a cluster without Slurm accounting."""
+    ``nodes`` nodes: the bill of a cluster without Slurm accounting. ``ran_s``: job id -> the seconds
+    it ran, from its start and exit markers (``job_marker_seconds``): a job that queued behind others
+    (a sweep's shared cluster) is billed its run, not its wait."""
     jobs = []
     for result in results:
         if not isinstance(result, dict) or not result.get("job_id"):
             continue
         minutes = minutes_between(result.get("started_at"), result.get("ended_at"))
+        elapsed = (ran_s or {}).get(str(result["job_id"]))
         jobs.append({"job_id": str(result["job_id"]), "name": result.get("job_name"), "state": result.get("state"),
-                     "elapsed_s": round((minutes or 0) * 60), "nodes": int(nodes)})
+                     "elapsed_s": round((minutes or 0) * 60) if elapsed is None else int(elapsed),
+                     "nodes": int(nodes)})
     return jobs
+
+
+def job_marker_seconds(times: Mapping[str, int], markers: Mapping[str, tuple[str, str]]) -> dict[str, int]:
+    """job id -> seconds between its start marker (the name file the job writes as it starts) and its
+    exit marker, from their modification times (``times``: path -> epoch seconds); jobs without both
+    are left out."""
+    found = {}
+    for job_id, (name_file, exit_file) in markers.items():
+        if name_file in times and exit_file in times and times[exit_file] >= times[name_file]:
+            found[job_id] = times[exit_file] - times[name_file]
+    return found
 
 
 def global_batch(plan: dict[str, Any], world_size: int) -> int:

@@ -73,6 +73,11 @@ class PartitionCapacity:
     partition_up: bool = True
 
     @property
+    def total(self) -> int:
+        """Every node of the partition, whatever its state."""
+        return len(self.idle) + len(self.powered_down) + len(self.busy) + len(self.unusable) + len(self.failed)
+
+    @property
     def available(self) -> int:
         return len(self.idle) + len(self.powered_down)
 
@@ -126,11 +131,15 @@ def partition_capacity(nodes: Iterable[Any], partition: str | None, wanted: int)
     return capacity
 
 
-def judge_capacity(capacity: PartitionCapacity, lost: LostNodes | None = None) -> Judgement:
+def judge_capacity(capacity: PartitionCapacity, lost: LostNodes | None = None, shared: bool = False) -> Judgement:
     """Nodes whose power-up failed (a bootstrap timeout, insufficient capacity, a failed health
     check) are lost (``run.lost_nodes``): while each is within its replacements the wait waits for
     ParallelCluster to replace it; past them it fails at once, naming the node, unless the others can
-    run the job. ``lost``: the task's ledger, updated in place (None: no replacements)."""
+    run the job. ``lost``: the task's ledger, updated in place (None: no replacements).
+
+    ``shared``: the cluster is not the run's (a sweep's shared cluster): other jobs' nodes, powering
+    down or back, come back to the queue, so too few usable nodes now is a wait ("nodes_held") as
+    long as the partition has enough nodes at all."""
     lost = LostNodes(limit=0) if lost is None else lost
     lost.observe(capacity.failed, [*capacity.idle, *capacity.powered_down, *capacity.busy])
     if capacity.ready:
@@ -141,11 +150,16 @@ def judge_capacity(capacity: PartitionCapacity, lost: LostNodes | None = None) -
     # whatever Slurm's reason says meanwhile.
     replacing = lost.replacing([*capacity.failed, *(n for n in capacity.unusable if n in lost.failing)])
     if not capacity.partition_up or capacity.available + len(capacity.busy) + len(replacing) < capacity.wanted:
+        if shared and capacity.partition_up and capacity.total >= capacity.wanted:
+            return Judgement(PENDING, "nodes_held", "waiting for nodes other jobs hold or release: "
+                             + capacity.describe())
         return Judgement(FAILED, "not_enough_nodes", "Not enough usable nodes: " + capacity.describe())
     if replacing:
         return Judgement(PENDING, "nodes_replacing", (
             f"waiting for ParallelCluster to replace lost node(s) (losses/allowed: {lost.describe()}): "
             + capacity.describe()))
+    if shared and capacity.busy:
+        return Judgement(PENDING, "nodes_held", "waiting for nodes other jobs hold: " + capacity.describe())
     return Judgement(PENDING, "nodes_pending", capacity.describe())
 
 
@@ -161,15 +175,15 @@ def stuck_nodes(capacity: PartitionCapacity, since: dict[str, float], now: float
 
 
 def judge_nodes(nodes: Iterable[Any], partition: str | None, wanted: int, *, since: dict[str, float],
-                now: float, stuck_after_s: float, lost: LostNodes | None = None,
+                now: float, stuck_after_s: float, lost: LostNodes | None = None, shared: bool = False,
                 ) -> tuple[Judgement, PartitionCapacity | None]:
     """The Slurm gate on one sinfo: capacity and the lost-node rule (``lost``: the ledger, updated in
-    place), then the stuck-node rule (``since`` carries its clock)."""
+    place), then the stuck-node rule (``since`` carries its clock); ``shared`` as ``judge_capacity``."""
     try:
         capacity = partition_capacity(nodes, partition, wanted)
     except PartitionNotFound as err:
         return Judgement(FAILED, "partition_not_found", str(err)), None
-    judgement = judge_capacity(capacity, lost)
+    judgement = judge_capacity(capacity, lost, shared)
     stuck = stuck_nodes(capacity, since, now, stuck_after_s)
     if judgement.verdict == PENDING and stuck:
         return Judgement(FAILED, "nodes_stuck", (

@@ -15,6 +15,7 @@ from ultracluster.run.errors import ConfigValidationError, problem_list
 from ultracluster.run.form import MAX_QUEUES, TRAINING_QUEUE
 from ultracluster.run.names import CLUSTER_NAME_PATTERN
 from ultracluster.run.s3 import split_s3_uri
+from ultracluster.run.shared_cluster import point_cluster
 from ultracluster.run.sweep import sweep_point
 
 
@@ -44,17 +45,10 @@ def _ints(params: dict[str, Any], *keys: str) -> list[int | None]:
     return [params.get(k) if isinstance(params.get(k), int) else None for k in keys]
 
 
-def plan_problems(params: dict[str, Any]) -> list[str]:
-    """Every cross-field rule the plan breaks, one line each naming the params."""
-    problems: list[str] = []
-    num_nodes, max_steps, steps, accumulation = _ints(params, "num_nodes", "max_steps", "steps_this_run",
-                                                      "grad_accum_usteps")
-    if None not in (max_steps, steps) and steps > max_steps:
-        problems.append(f"steps_this_run ({steps}) exceeds max_steps ({max_steps})")
-    # The run script divides accumulation by the node count (integer division): keep it exact.
-    if params.get("scaling_mode") == "strong" and accumulation is not None and num_nodes and accumulation % num_nodes:
-        problems.append(f"strong scaling divides grad_accum_usteps ({accumulation}) by num_nodes ({num_nodes}); "
-                        "it must divide evenly or the global batch silently changes")
+def plan_problems(params: dict[str, Any], trains: bool = True) -> list[str]:
+    """Every cross-field rule the plan breaks, one line each naming the params; ``trains=False``
+    (a shared cluster's holder) leaves out the training rules: they are the points' own."""
+    problems: list[str] = _training_problems(params) if trains else []
     for key in ("dataset_s3_uri", "artifacts_s3_uri", "compile_cache_s3_uri"):
         if params.get(key):
             try:
@@ -64,6 +58,19 @@ def plan_problems(params: dict[str, Any]) -> list[str]:
     problems += byo.conflicts(params)
     if not byo.existing_cluster(params):  # an existing cluster's own shape is preflight's to check
         problems += _creation_problems(params)
+    return problems
+
+
+def _training_problems(params: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    num_nodes, max_steps, steps, accumulation = _ints(params, "num_nodes", "max_steps", "steps_this_run",
+                                                      "grad_accum_usteps")
+    if None not in (max_steps, steps) and steps > max_steps:
+        problems.append(f"steps_this_run ({steps}) exceeds max_steps ({max_steps})")
+    # The run script divides accumulation by the node count (integer division): keep it exact.
+    if params.get("scaling_mode") == "strong" and accumulation is not None and num_nodes and accumulation % num_nodes:
+        problems.append(f"strong scaling divides grad_accum_usteps ({accumulation}) by num_nodes ({num_nodes}); "
+                        "it must divide evenly or the global batch silently changes")
     return problems
 
 
@@ -108,9 +115,12 @@ def run_plan(params: dict[str, Any], logical_date: datetime | None, period: time
     """The params this run trains with: a sweep point sets num_nodes, sizes the cluster to it
     (max_nodes = the point, or min_nodes when that is larger) and sets the sweep's scaling_mode.
     Each point has a cluster of its own, so a larger MaxCount would never be used, yet would count
-    against the node cap (which adds up MaxCounts)."""
+    against the node cap (which adds up MaxCounts). A point of a shared-cluster sweep trains on the
+    sweep's cluster instead (``run.shared_cluster``): it names it as ``existing_cluster_name``."""
     plan = dict(params)
     point = sweep_point(params.get("sweep"), logical_date, period)
+    if point and point_cluster(params.get("sweep")) and not byo.existing_cluster(plan):
+        plan[byo.PARAM] = point_cluster(params.get("sweep"))
     if point:
         plan["num_nodes"] = point["num_nodes"]
         min_nodes = plan.get("min_nodes") if isinstance(plan.get("min_nodes"), int) else 0

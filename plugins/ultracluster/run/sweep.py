@@ -37,6 +37,8 @@ SWEEP_SCHEMA: dict[str, Any] = {
         "id": {"type": "string", "pattern": SWEEP_ID_PATTERN},
         "num_nodes": {"type": "array", "items": _NODES, "minItems": 1, "maxItems": MAX_POINTS, "uniqueItems": True},
         "scaling_mode": {"enum": ["strong", "weak"]},
+        # "shared": every point trains on one cluster, trn1_sweep_cluster's (run.shared_cluster).
+        "cluster": {"enum": ["own", "shared"]},
         "point": {"type": "object", "required": ["num_nodes"], "additionalProperties": False,
                   "properties": {"num_nodes": _NODES}},
     },
@@ -131,7 +133,8 @@ def read_index(s3: Any, artifacts_s3_uri: str, dag_id: str, sweep_id: str, log: 
     return sorted(entries, key=lambda e: (str(e.get("written_at") or ""), e["run_id"]))
 
 
-# The network holder's verdicts (operators.sweep_network): hold on, release it, or give up holding.
+# The holders' verdicts (operators.sweep_network: the network or the cluster): hold on, release it, or
+# give up holding.
 HOLD, RELEASE, GIVE_UP = "hold", "release", "give_up"
 
 
@@ -140,15 +143,24 @@ def on_network(entries: list[dict[str, Any]], vpc_id: str | None) -> list[dict[s
     return [e for e in entries if (e.get("plan") or {}).get("existing_vpc_id") == vpc_id]
 
 
+def on_held(entries: list[dict[str, Any]], vpc_id: str | None, cluster_name: str | None) -> list[dict[str, Any]]:
+    """The sweep index's runs on what a holder holds: its cluster when it holds one, else its network."""
+    if cluster_name:
+        return [e for e in entries if (e.get("plan") or {}).get("existing_cluster_name") == cluster_name]
+    return on_network(entries, vpc_id)
+
+
 def network_hold(entries: list[dict[str, Any]], states: dict[str, str], *, vpc_id: str | None, sweep_id: str,
-                 points: int, held_s: float, max_hold_hours: float) -> tuple[str, dict[str, Any], list[str]]:
-    """(verdict, the holder's return value, the runs still open) for a sweep's shared network:
-    ``entries``, the sweep index; ``states``, run id -> ``states.run_state_name``. Released once the
-    index lists ``points`` runs on ``vpc_id`` and all of them have ended (a run that no longer exists,
-    "missing", has ended too)."""
-    mine = {e["run_id"]: states.get(e["run_id"], "missing") for e in on_network(entries, vpc_id)}
+                 points: int, held_s: float, max_hold_hours: float, cluster_name: str | None = None,
+                 ) -> tuple[str, dict[str, Any], list[str]]:
+    """(verdict, the holder's return value, the runs still open) for a sweep's shared network, or its
+    shared cluster (``cluster_name``): ``entries``, the sweep index; ``states``, run id ->
+    ``states.run_state_name``. Released once the index lists ``points`` runs on it and all of them have
+    ended (a run that no longer exists, "missing", has ended too)."""
+    mine = {e["run_id"]: states.get(e["run_id"], "missing") for e in on_held(entries, vpc_id, cluster_name)}
     open_runs = sorted(run for run, state in mine.items() if state not in (*RUN_ENDED, "missing"))
-    summary: dict[str, Any] = {"vpc_id": vpc_id, "sweep_id": sweep_id, "runs": mine, "expected": int(points)}
+    summary: dict[str, Any] = {"vpc_id": vpc_id, "sweep_id": sweep_id, "runs": mine, "expected": int(points),
+                               **({"cluster_name": cluster_name} if cluster_name else {})}
     if len(mine) >= int(points) and not open_runs:
         return RELEASE, summary, open_runs
     if held_s > float(max_hold_hours) * 3600:

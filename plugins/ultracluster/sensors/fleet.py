@@ -30,6 +30,7 @@ from ultracluster.parsers.pcluster import (
 from ultracluster.parsers.slurm import parse_sinfo
 from ultracluster.remote_commands import sinfo
 from ultracluster.run.clock import utc_now
+from ultracluster.run.existing_cluster import named
 from ultracluster.run.events import deterministic
 from ultracluster.run.fleet import Judgement, judge_cluster, judge_nodes
 from ultracluster.run.lost_nodes import (
@@ -39,6 +40,7 @@ from ultracluster.run.lost_nodes import (
 )
 from ultracluster.run.plan import node_count
 from ultracluster.run.returns import fleet_ready
+from ultracluster.run.shared_cluster import HELD_NODES_TIMEOUT_S
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.fleet import ComputeFleetTrigger
 
@@ -70,7 +72,8 @@ class FleetCheck:
 
     def __init__(self, *, cluster_name: str, num_nodes: int, partition: str | None, pcluster_hook: ParallelClusterHook,
                  ssh_conn_id: str, ssh_port: int, pin: dict[str, Any] | None = None, keep_host_key: bool = False,
-                 stuck_after_s: float = 600, lost: LostNodes | None = None) -> None:
+                 stuck_after_s: float = 600, lost: LostNodes | None = None, shared: bool = False) -> None:
+        self.shared = shared
         self.cluster_name, self.num_nodes, self.partition = cluster_name, int(num_nodes), partition
         self.pcluster_hook, self.ssh_conn_id, self.ssh_port = pcluster_hook, ssh_conn_id, int(ssh_port)
         self.pin = dict(pin or {})
@@ -113,7 +116,7 @@ class FleetCheck:
             return Judgement(PENDING, "slurm_pending", f"Slurm not answering yet: {result.stderr.strip()[:500]}"), None
         judgement, capacity = judge_nodes(parse_sinfo(result.stdout), self.partition, self.num_nodes,
                                           since=self._unusable_since, now=time.monotonic(),
-                                          stuck_after_s=self.stuck_after_s, lost=self.lost)
+                                          stuck_after_s=self.stuck_after_s, lost=self.lost, shared=self.shared)
         if judgement.verdict != READY:
             return judgement, None
         return judgement, {**head_node, "partition": capacity.partition}
@@ -145,9 +148,13 @@ class ComputeFleetSensor(BaseSensorOperator):
     :param region_name: AWS region of the cluster (None: the pcluster connection's).
     :param node_replacements: how often a lost node (bootstrap timeout, failed power-up) may be
         replaced before the wait fails naming it (``run.lost_nodes``); 0 fails at once.
+    :param existing_cluster_name: set (rendered) when the run did not create the cluster, e.g. a
+        sweep's shared cluster: nodes other jobs hold are waited for, ``held_nodes_timeout`` seconds at
+        most instead of ``timeout``, rather than failing for "not enough usable nodes".
     """
 
-    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name", "node_replacements")
+    template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name", "node_replacements",
+                                      "existing_cluster_name")
     ui_color = "#e8f8f5"
 
     def __init__(
@@ -163,9 +170,13 @@ class ComputeFleetSensor(BaseSensorOperator):
         deferrable: bool = True,
         region_name: str | None = None,
         node_replacements: int | str = DEFAULT_NODE_REPLACEMENTS,
+        existing_cluster_name: str | None = None,
+        held_nodes_timeout: float = HELD_NODES_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.existing_cluster_name = existing_cluster_name
+        self.held_nodes_timeout = float(held_nodes_timeout)
         self.node_replacements = node_replacements
         self.region_name = region_name
         self.cluster_name = cluster_name
@@ -181,6 +192,12 @@ class ComputeFleetSensor(BaseSensorOperator):
         self.node_replacements = replacements(self.node_replacements)
         if not self.cluster_name:
             raise ValueError("cluster_name is required")
+        if self.shared:
+            self.timeout = self.held_nodes_timeout  # other jobs may hold the nodes for hours
+
+    @property
+    def shared(self) -> bool:
+        return named(self.existing_cluster_name) is not None
 
     def _stored_pin(self, context: Context) -> dict[str, Any]:
         store = context.get("task_state_store")
@@ -208,7 +225,7 @@ class ComputeFleetSensor(BaseSensorOperator):
                 cluster_name=self.cluster_name, num_nodes=int(self.num_nodes), partition=self.partition,
                 pcluster_hook=ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None),
                 ssh_conn_id=self.ssh_conn_id, ssh_port=ssh_port(self.ssh_conn_id), pin=self._stored_pin(context),
-                lost=self._lost(context))
+                lost=self._lost(context), shared=self.shared)
         return self._check
 
     def _look(self, context: Context) -> tuple[Any, dict[str, Any] | None]:
@@ -240,7 +257,8 @@ class ComputeFleetSensor(BaseSensorOperator):
             pcluster_conn_id=self.pcluster_conn_id, ssh_conn_id=self.ssh_conn_id, ssh_port=check.ssh_port,
             host_key=check.pin.get("host_key"), host_key_cluster=check.pin.get("cluster"),
             poke_interval=self.poke_interval, region_name=self.region_name or None,
-            node_replacements=int(self.node_replacements), lost_nodes=check.lost.to_dict(), end_task=True)
+            node_replacements=int(self.node_replacements), lost_nodes=check.lost.to_dict(), end_task=True,
+            shared=self.shared)
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timedelta(seconds=self.timeout))
 
     def poke(self, context: Context) -> PokeReturnValue | bool:

@@ -78,6 +78,8 @@ class ComputeFleetTrigger(BaseTrigger):
         is checked again and another starts, on the same connection.
     :param node_replacements: how often a lost node may be replaced (``run.lost_nodes``).
     :param lost_nodes: the task's lost-node ledger so far (``LostNodes.to_dict``).
+    :param shared: the cluster is not the run's (``existing_cluster_name``, a sweep's shared cluster):
+        nodes other jobs hold are waited for (``run.fleet.judge_capacity``).
     :param end_task: a fleet seen ready ends wait_for_fleet here (``triggers.task_end``), returning
         ``run.returns.fleet_ready``, but only when its task state store needs nothing new: the pin
         and the ledger are the ones it was given (a cleared task reads them there). Otherwise, and on
@@ -103,8 +105,10 @@ class ComputeFleetTrigger(BaseTrigger):
         node_replacements: int = DEFAULT_NODE_REPLACEMENTS,
         lost_nodes: dict[str, Any] | None = None,
         end_task: bool = False,
+        shared: bool = False,
     ) -> None:
         super().__init__()
+        self.shared = bool(shared)
         self.node_replacements = int(node_replacements)
         self.lost_nodes = lost_nodes
         self._lost = LostNodes.from_dict(lost_nodes, self.node_replacements)
@@ -146,6 +150,7 @@ class ComputeFleetTrigger(BaseTrigger):
                 "node_replacements": self.node_replacements,
                 "lost_nodes": self.lost_nodes,
                 "end_task": self.end_task,
+                "shared": self.shared,
             },
         )
 
@@ -199,7 +204,8 @@ class ComputeFleetTrigger(BaseTrigger):
         while True:
             judgement, capacity = judge_nodes(parse_sinfo(text), self.partition, self.num_nodes,
                                               since=self._unusable_since, now=time.monotonic(),
-                                              stuck_after_s=self.stuck_after_s, lost=self._lost)
+                                              stuck_after_s=self.stuck_after_s, lost=self._lost,
+                                              shared=self.shared)
             if judgement.verdict == READY:
                 return judgement, {**head_node, "partition": capacity.partition}
             if judgement.verdict == FAILED:
