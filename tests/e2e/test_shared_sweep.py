@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left, s3_client
 from tests.e2e.test_cli_e2e import ultracluster
-from tests.e2e.test_sweep import REPORT_DAG_ID, unpaused, xcom  # noqa: F401 - unpaused is a fixture
+from tests.e2e.test_sweep import REPORT_DAG_ID, published_report, unpaused, xcom  # noqa: F401 - unpaused is a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
               pytest.mark.skipif(not RUNTIME_READY, reason="needs root, Slurm and sshd (make setup)")]
@@ -73,12 +73,17 @@ def check_report(report: dict, results: dict[int, dict], cluster_usage: dict) ->
         measured = {m["MetricName"]: m["MeasuredValue"] for m in body["results"]["metrics"]}
         assert rows[nodes]["average_throughput_seq_per_s"] == pytest.approx(measured["Average throughput"])
         assert (rows[nodes]["cost_basis"], rows[nodes]["cost_usd"]) == ("slurm_jobs", body["usage"]["usd"])
-    overhead = report["markdown"].split("| Shared cluster |", 1)
-    assert len(overhead) == 2, report["markdown"]
+    line = next((line for line in report["markdown"].splitlines() if line.startswith("| Shared cluster |")), None)
+    assert line is not None, report["markdown"]
+    # The overhead (run.shared_cluster.overhead): the head node and FSx, and the compute time no
+    # point's job used; the bill's parts are rounded to cents.
     points_usd = sum(body["usage"]["usd"] for body in results.values())
-    shared_usd = cluster_usage["usd"] - points_usd
-    assert shared_usd > 0
-    assert f"| {shared_usd:,.2f} |" in overhead[1].splitlines()[0], overhead[1].splitlines()[0]
+    head, fsx = cluster_usage.get("head_node_usd") or 0.0, cluster_usage.get("fsx_usd") or 0.0
+    compute = cluster_usage.get("compute_usd") or cluster_usage["usd"] - head - fsx
+    expected = head + fsx + max(0.0, compute - points_usd)
+    assert expected > 0 and "not billed yet" not in line, line
+    shown = float(line.split("|")[-3].strip().replace(",", ""))
+    assert shown == pytest.approx(expected, abs=0.03), line
 
 
 def one_cluster_made(new_lines: list[dict], cluster: str, size: int, holder_run: str, point_runs: dict) -> None:
@@ -121,16 +126,17 @@ def test_a_client_sweep_on_one_cluster(airflow_local, e2e_home, unpaused):
     assert_nothing_left(env, e2e_home)
 
 
-# Two consecutive weekly ticks, apart from test_sweep.py's.
-TICKS = ["2026-10-04T00:00:00Z", "2026-10-11T00:00:00Z"]
+# Three consecutive weekly ticks, apart from test_sweep.py's and test_ui_browser.py's.
+TICKS = ["2026-08-30T00:00:00Z", "2026-09-06T00:00:00Z", "2026-09-13T00:00:00Z"]
 
 
 def test_a_backfilled_sweep_on_one_cluster_as_the_ui_does_it(airflow_local, e2e_home, unpaused):
     """The UI's way: trigger trn1_sweep_cluster with the sweep conf, then backfill the pipeline with the
-    same conf: each tick's point trains on the holder's cluster."""
+    same conf: each tick's point trains on the holder's cluster; the report the points' results
+    events schedule waits for the holder's bill and shows the shared overhead."""
     api, env = airflow_local
     before = len(ledger_lines(e2e_home))
-    sweep = {"id": "e2e-shared-bf", "num_nodes": [1, 2], "scaling_mode": "weak", "cluster": "shared"}
+    sweep = {"id": "e2e-shared-bf", "num_nodes": [1, 2, 3], "scaling_mode": "weak", "cluster": "shared"}
     conf = {"sweep": sweep, **BOUNDED}
     holder_run = api.call("POST", f"/api/v2/dags/{HOLDER}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -140,18 +146,19 @@ def test_a_backfilled_sweep_on_one_cluster_as_the_ui_does_it(airflow_local, e2e_
         time.sleep(3)
     api.call("POST", "/api/v2/backfills", {
         "dag_id": DAG_ID, "from_date": TICKS[0], "to_date": TICKS[-1], "dag_run_conf": conf,
-        "max_active_runs": 2, "reprocess_behavior": "none"})
+        "max_active_runs": 3, "reprocess_behavior": "none"})
     assert api.wait_for_run(HOLDER, holder_run, 2 * RUN_TIMEOUT_S) == "success"
     ticks = {tick.replace("Z", "+00:00") for tick in TICKS}
     runs = [r for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?run_type=backfill&limit=100")["dag_runs"]
             if (r.get("logical_date") or "").replace("Z", "+00:00") in ticks]
-    assert len(runs) == 2 and all(r["state"] == "success" for r in runs), runs
+    assert len(runs) == 3 and all(r["state"] == "success" for r in runs), runs
     point_runs = {xcom(api, DAG_ID, r["dag_run_id"], "preflight")["plan"]["num_nodes"]: r["dag_run_id"] for r in runs}
-    assert sorted(point_runs) == [1, 2]
+    assert sorted(point_runs) == [1, 2, 3]
     cluster = "uc-sweep-e2e-shared-bf"
-    check_points(api, env, point_runs, cluster)
-    check_holder(api, holder_run, cluster)
-    one_cluster_made(ledger_lines(e2e_home)[before:], cluster, 2, holder_run, point_runs)
+    results = check_points(api, env, point_runs, cluster)
+    cluster_usage = check_holder(api, holder_run, cluster)
+    one_cluster_made(ledger_lines(e2e_home)[before:], cluster, 3, holder_run, point_runs)
+    check_report(published_report(api, sweep["id"], timeout_s=600), results, cluster_usage)
     # Unpaused with catchup=False, Airflow also runs the latest weekly tick once: let it end.
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while any(r["state"] not in ("success", "failed")

@@ -97,18 +97,7 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
     assert sorted(results) == [1, 2, 3]  # three ticks, three distinct points
 
     # The last run's results Asset event schedules the report; it reports once all three ended.
-    deadline = time.monotonic() + 300
-    while True:
-        reports = api.call("GET", f"/api/v2/dags/{REPORT_DAG_ID}/dagRuns?limit=100")["dag_runs"]
-        done = [r for r in reports if r["state"] == "success"
-                and api.task_states(REPORT_DAG_ID, r["dag_run_id"]).get("build_report") == "success"]
-        if done:
-            break
-        assert time.monotonic() < deadline, reports
-        time.sleep(5)
-    xcom = api.call("GET", f"/api/v2/dags/{REPORT_DAG_ID}/dagRuns/{done[-1]['dag_run_id']}/taskInstances/"
-                           "build_report/xcomEntries/return_value")
-    report = xcom["value"] if isinstance(xcom["value"], dict) else json.loads(xcom["value"])
+    report = published_report(api, SWEEP["id"])
     rows = {row["nodes"]: row for row in report["rows"]}
     assert sorted(rows) == [1, 2, 3]
     for nodes, body in results.items():
@@ -156,6 +145,22 @@ def check_node_cap(ledger) -> None:
             alive.pop(entry["cluster"], None)
     assert 3 in sizes and peak <= NODE_CAP, (sizes, peak)
     assert alive == {}, alive
+
+
+def published_report(api, sweep_id: str, timeout_s: float = 300) -> dict:
+    """build_report's return value in the newest report run that published sweep ``sweep_id``
+    (scheduled by the points' results events; other sweeps' reports share the DAG)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reports = api.call("GET", f"/api/v2/dags/{REPORT_DAG_ID}/dagRuns?order_by=-id&limit=100")["dag_runs"]
+        for run in reports:
+            if (run["state"] == "success"
+                    and api.task_states(REPORT_DAG_ID, run["dag_run_id"]).get("build_report") == "success"):
+                report = xcom(api, REPORT_DAG_ID, run["dag_run_id"], "build_report")
+                if report.get("sweep_id") == sweep_id:
+                    return report
+        assert time.monotonic() < deadline, reports
+        time.sleep(5)
 
 
 def xcom(api, dag_id: str, run_id: str, task_id: str):

@@ -9,9 +9,11 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from tests.integration.test_dataset import aws_conn, empty_bucket, moto_endpoint  # noqa: F401 - fixtures
+from ultracluster.hooks.artifacts import ArtifactsS3Hook
+from ultracluster.operators import preflight
 from ultracluster.operators.preflight import PreflightOperator
 from ultracluster.run.profiles import load_profile
-from ultracluster.run.sweep import ORIGIN
+from ultracluster.run.sweep import ORIGIN, on_held, read_index
 
 WEEK = timedelta(days=7)
 RUN_ID = "backfill__2026-11-15T00:00:00+00:00"
@@ -74,17 +76,32 @@ def test_a_backfilled_sweep_run_trains_its_point_and_is_indexed(s3, capsys):
     assert entry["estimate"] == json.loads(json.dumps(result["estimate"]))
 
 
-@pytest.mark.parametrize("params, message", [
-    (local(num_nodes=3, max_nodes=2), r"num_nodes \(3\) exceeds max_nodes \(2\)"),
+@pytest.mark.parametrize("params, message, indexed", [
+    (local(num_nodes=3, max_nodes=2), r"num_nodes \(3\) exceeds max_nodes \(2\)", 0),
+    # A sweep point that fails its checks is indexed: it has ended, for its report and a holder.
     (local(sweep={"id": "s1", "num_nodes": [1, 3], "scaling_mode": "strong"}, grad_accum_usteps=2),
-     r"divides grad_accum_usteps \(2\) by num_nodes \(3\)"),  # tick 1 picks 3 nodes
-    (local(sweep={"id": "s1", "num_nodes": [1, 2], "point": {"num_nodes": 4}}), "not one of its points"),
+     r"divides grad_accum_usteps \(2\) by num_nodes \(3\)", 1),  # tick 1 picks 3 nodes
+    # No point at all: nothing to index.
+    (local(sweep={"id": "s1", "num_nodes": [1, 2], "point": {"num_nodes": 4}}), "not one of its points", 0),
 ])
-def test_a_bad_conf_fails_at_once_without_retries(s3, params, message):
+def test_a_bad_conf_fails_at_once_without_retries(s3, params, message, indexed):
     # AirflowFailException: the task fails without using its retries.
     with pytest.raises(AirflowFailException, match=message):
         run(params, weeks=1)
-    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == 0
+    assert s3.list_objects_v2(Bucket="ultracluster-artifacts").get("KeyCount") == indexed
+
+
+def test_a_shared_point_that_fails_preflight_has_ended_for_its_holder(s3, monkeypatch):
+    """A point of a sweep on one cluster refused by its checks (here: the cluster's own) is in the
+    index, on the holder's cluster, before the task fails: the holder counts it as ended (failed)."""
+    monkeypatch.setattr(preflight, "existing_cluster_problems",
+                        lambda plan, conn_id, log, warnings: ["existing_cluster_name: uc-sweep-s1 is DELETE_IN_PROGRESS"])
+    sweep = {**SWEEP, "cluster": "shared", "point": {"num_nodes": 2}}
+    with pytest.raises(AirflowFailException, match="uc-sweep-s1 is DELETE_IN_PROGRESS"):
+        run(local(sweep=sweep), weeks=None, run_id="manual__p2")
+    entries = read_index(ArtifactsS3Hook(aws_conn_id="uc_test_aws"), "s3://ultracluster-artifacts/runs",
+                         "trn1_bert_pretrain", "s1", log=None)
+    assert [e["run_id"] for e in on_held(entries, None, "uc-sweep-s1")] == ["manual__p2"]
 
 
 def test_a_sweep_run_without_a_logical_date_must_name_its_point(s3):

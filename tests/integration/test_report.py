@@ -323,6 +323,44 @@ def test_build_report_waits_for_teardowns(s3):
     assert op.execute(context, event=None, **deferred.value.kwargs)["rows"][1]["status"] == "success"
 
 
+def shared_point(nodes, usd, node_hours):
+    """A point of sweep s1 that trained on its shared cluster: billed from its own Slurm jobs, no teardown."""
+    entry, state, xcoms = run(nodes, avg=1000.0 * nodes, ttt=100.0 / nodes, points=(1, 2))
+    entry["plan"]["existing_cluster_name"] = "uc-sweep-s1"
+    xcoms["pcluster_create"] = {"cluster_name": "uc-sweep-s1", "existing": True}
+    xcoms.pop("delete_cluster")
+    xcoms["collect_results"]["usage"] = {"basis": "slurm_jobs", "usd": usd, "compute_node_hours": node_hours}
+    return entry, state, xcoms
+
+
+def test_build_report_on_a_shared_cluster_waits_for_the_holders_bill(s3):
+    """Both points ended, but the holder has not deleted (and billed) the cluster: the report defers
+    as for a teardown, and once the bill is in S3 the Shared cluster line has the overhead; a partial
+    report before it says the cluster is not billed yet."""
+    runs = [shared_point(1, 2.0, 0.1), shared_point(2, 3.0, 0.15)]
+    op, context, _ = task(s3, runs, poll_interval=5)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    assert deferred.value.method_name == "execute"
+    op, context, _ = task(s3, runs, teardown_wait=0)
+    with pytest.raises(AirflowSkipException, match="shared cluster uc-sweep-s1 not billed yet"):
+        op.execute(context)
+    op, context, _ = task(s3, runs, params={"partial": True})
+    shared_line = next(line for line in op.execute(context)["markdown"].splitlines()
+                       if line.startswith("| Shared cluster |"))
+    assert "uc-sweep-s1: not billed yet" in shared_line
+    bill = {"basis": "ec2_instances", "usd": 9.0, "head_node_usd": 1.0, "fsx_usd": 1.5, "compute_usd": 6.5,
+            "compute_node_hours": 0.4}
+    s3.put_object(Bucket=BUCKET, Key="runs/sweeps/trn1_bert_pretrain/s1/shared-cluster/usage.json",
+                  Body=json.dumps(bill))
+    op, context, _ = task(s3, runs)
+    report = op.execute(context, event=None, **deferred.value.kwargs)
+    assert [(r["nodes"], r["cost_usd"]) for r in report["rows"]] == [(1, 2.0), (2, 3.0)]
+    shared_line = next(line for line in report["markdown"].splitlines() if line.startswith("| Shared cluster |"))
+    # head 1.00 + FSx 1.50 + idle nodes (6.50 - 5.00 the points' jobs) = 4.00; 0.4 - 0.25 idle node-hours
+    assert "| 4.00 |" in shared_line and "idle nodes 1.50 (0.150 node-h)" in shared_line, shared_line
+
+
 def test_build_report_without_a_sweep_skips(s3):
     events = {"results": [SimpleNamespace(extra={"sweep": None})]}
     op, context, _ = task(s3, [], params={"sweep_id": None}, events=events)

@@ -73,6 +73,25 @@ def test_the_jobs_end_ends_the_wait_long_before_its_window(head):
     assert stdout == b"UC_PROGRESS step=1 total=1\nUC_RESULTS /fsx/r.json\n"
 
 
+# The job writes its last lines while squeue answers: after the wait's copy, before "COMPLETED".
+LAST_WORDS = """#!/bin/bash
+printf 'UC_RESULTS /fsx/r.json\\n' >> "$UC_TEST_LOG"
+echo COMPLETED
+"""
+
+
+def test_what_the_job_wrote_just_before_it_ended_is_streamed(tmp_path):
+    _, env = stand_in(tmp_path, "squeue", LAST_WORDS, "")
+    log = tmp_path / "slurm-7.out"
+    log.write_bytes(b"UC_PROGRESS step=1 total=1\n")
+    command = rc.wait_job_end("7", str(log), 0, interval_s=0.2, window_s=600)
+    done = subprocess.run(["bash", "-c", command.shell], env={**env, "UC_TEST_LOG": str(log)},
+                          capture_output=True, timeout=60)
+    end = parse_wait_end(done.stderr.decode())
+    assert end.reason == "job-ended" and end.state == "COMPLETED"
+    assert done.stdout == b"UC_PROGRESS step=1 total=1\nUC_RESULTS /fsx/r.json\n"
+
+
 def test_completing_is_still_active_and_a_forgotten_job_ends_the_wait(head):
     state, log, run = head
     state.write_text("COMPLETING\n")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ultracluster.hooks.artifacts import ArtifactsS3Hook
 from ultracluster.operators.account_checks import account_problems, public_access_warnings
@@ -121,6 +122,8 @@ class PreflightOperator(BaseOperator):
             expected = estimate(byo.billed_plan(plan), prices)
         except PriceError as err:
             raise AirflowFailException(f"cost estimate: {err}") from None
+        if point:  # before the checks: a point that fails them has ended too, for its holder and its report
+            self._index(context, plan, expected, before_checks=True)
         problems = plan_problems(plan, trains=self.trains)
         problems += tag_problems(plan.get("extra_tags"))
         warnings: list[str] = []
@@ -163,7 +166,7 @@ class PreflightOperator(BaseOperator):
         boot = self._boot(plan, warnings) if self.estimate_boot_time and not existing else None
         for warning in warnings:
             self.log.warning("%s", warning)
-        if point:
+        if point:  # again, with the estimate at the price found
             self._index(context, plan, expected)
         return {"plan": plan, "estimate": expected, "boot": boot, "warnings": warnings,
                 "reservations": [run_capacity.summary(r) for r in capacity["found"]]}
@@ -190,8 +193,17 @@ class PreflightOperator(BaseOperator):
         except (TypeError, ValueError):
             raise AirflowFailException(f"max_cost_usd must be a number, got {self.max_cost_usd!r}") from None
 
-    def _index(self, context: Context, plan: dict, expected: dict) -> None:
-        """Record this run under its sweep, where the scaling report finds it."""
+    def _index(self, context: Context, plan: dict, expected: dict, *, before_checks: bool = False) -> None:
+        """Record this run under its sweep, where the scaling report and a holder find it. Before the
+        checks a failed write is only a warning: the checks then name what is wrong with the bucket."""
         s3 = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption)
-        uri = write_index_entry(s3, self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"], plan, expected)
+        try:
+            uri = write_index_entry(s3, self.artifacts_s3_uri, context["dag"].dag_id, context["run_id"], plan,
+                                    expected)
+        except (BotoCoreError, ClientError, ValueError) as err:
+            if not before_checks:
+                raise
+            self.log.warning("Sweep %s: could not index this run before the checks: %s", plan["sweep_point"]["id"],
+                             err)
+            return
         self.log.info("Sweep %s indexed at %s", plan["sweep_point"]["id"], uri)

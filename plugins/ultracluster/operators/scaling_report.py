@@ -7,6 +7,8 @@ and ``throughput.png`` to ``<artifacts>/reports/<source dag>/<sweep id>/``.
 The pipeline's results Asset event comes from collect_results, before the cluster is deleted: the
 triggering run is still running then. When only such teardowns are pending, the task defers (no
 worker slot) and looks again, up to ``teardown_wait`` seconds, so the report has their wall times.
+A sweep on one cluster waits the same way for its holder's bill of the cluster (written when the
+holder deletes it after the last point), so its Shared cluster line has the overhead.
 """
 from __future__ import annotations
 
@@ -63,6 +65,19 @@ def requested_sweeps(params: Mapping[str, Any], events: Mapping[Any, Sequence[An
     return sweeps
 
 
+def unbilled(report: Mapping[str, Any]) -> bool:
+    """A sweep on one cluster whose holder has not billed the cluster yet (it bills it on deleting it,
+    after the last point ended): the report's Shared cluster line has no overhead then."""
+    shared = report.get("shared_cluster")
+    return bool(shared) and shared.get("overhead") is None
+
+
+def waitable(report: Mapping[str, Any]) -> bool:
+    """What keeps a report back will pass by itself: only teardowns, or only the holder's bill."""
+    pending = report["pending"]
+    return all(p["tearing_down"] for p in pending) if pending else unbilled(report)
+
+
 def run_xcoms(ti: Any, dag_id: str, run_id: str) -> dict[str, Any]:
     """The return values of the source run's tasks that feed a run record."""
     return {task_id: ti.xcom_pull(dag_id=dag_id, run_id=run_id, task_ids=task_id) for task_id in XCOM_TASKS}
@@ -80,7 +95,8 @@ class ScalingReportOperator(BaseOperator):
     :param aws_conn_id: S3Hook connection.
     :param s3_encryption: server-side encryption of the report's files (``run.s3.sse_args``).
     :param poll_interval: seconds between looks while runs tear down.
-    :param teardown_wait: seconds to wait for teardowns at most, then skip (or report, if partial).
+    :param teardown_wait: seconds to wait at most for teardowns (and a shared cluster's bill), then skip
+        (or report, if partial).
     :param state_lookup: ``(dag_id, run_id) -> state``; default: the API server's.
     :param xcom_lookup: ``(ti, dag_id, run_id) -> {task_id: value}``; default: ``ti.xcom_pull``.
     """
@@ -107,21 +123,21 @@ class ScalingReportOperator(BaseOperator):
             raise AirflowSkipException("No sweep to report: set the sweep_id param, or trigger from a results "
                                        "event of a sweep run (its extra 'sweep' is null outside sweeps)")
         s3, prices = ArtifactsS3Hook(aws_conn_id=self.aws_conn_id, sse=self.s3_encryption), load_prices()
-        reports, skipped, tearing_down = [], {}, []
+        reports, skipped, waiting = [], {}, []
         for sweep_id, root in sweeps.items():
             root = root or params["artifacts_s3_uri"]
             report, why = self._report(context["ti"], s3, root, source, sweep_id, prices, bool(params.get("partial")))
             if why:
                 skipped[sweep_id] = why
-                if report["pending"] and all(p["tearing_down"] for p in report["pending"]):
-                    tearing_down.append(sweep_id)
+                if waitable(report):
+                    waiting.append(sweep_id)
             else:
                 reports.append((root, report))
         started = parse_time(waiting_since) or datetime.now(timezone.utc)
-        if tearing_down and datetime.now(timezone.utc) - started < timedelta(seconds=self.teardown_wait):
+        if waiting and datetime.now(timezone.utc) - started < timedelta(seconds=self.teardown_wait):
             # Linked before the wait: the sweep's page shows its last report, and this one when written.
-            SweepReportLink.persist(context, dag_id=source, sweep_id=tearing_down[-1])
-            self._wait(tearing_down, started)
+            SweepReportLink.persist(context, dag_id=source, sweep_id=waiting[-1])
+            self._wait(waiting, started)
         for sweep_id, why in skipped.items():
             self.log.warning("Sweep %s: no report: %s", sweep_id, why)
         if not reports:
@@ -144,6 +160,9 @@ class ScalingReportOperator(BaseOperator):
             waiting = ", ".join(f"{p['nodes']} nodes {p['status']}" + (" (tearing down)" if p["tearing_down"] else "")
                                 for p in report["pending"])
             return report, f"not every point has ended (pending: {waiting}); set partial to report anyway"
+        if unbilled(report) and not partial:
+            return report, (f"shared cluster {report['shared_cluster']['cluster_name']} not billed yet (its holder "
+                            "bills it when it deletes it, after the last point); set partial to report anyway")
         return report, None
 
     def _shared_cluster(self, s3: Any, root: str, source: str, sweep_id: str,
@@ -161,7 +180,8 @@ class ScalingReportOperator(BaseOperator):
         return {"cluster_name": name, "usage": usage}
 
     def _wait(self, sweeps: list[str], started: datetime) -> None:
-        self.log.info("Sweep(s) %s: the last runs are deleting their clusters; looking again in %s s "
+        self.log.info("Sweep(s) %s: the last runs are deleting their clusters, or the shared cluster's holder; "
+                      "looking again in %s s "
                       "(waiting since %s, at most %s s)", sweeps, self.poll_interval, started.isoformat(),
                       self.teardown_wait)
         self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=self.poll_interval)), method_name="execute",

@@ -26,20 +26,24 @@ ACTIVE_STATES = tuple(sorted(JOB_PENDING_STATES | JOB_RUNNING_STATES))
 
 _SCRIPT = r"""
 job={job}; log={log}; off={offset}; interval={interval}; end=$((SECONDS + {window}))
+copy() {{
+  [ -f "$log" ] || return 0
+  size=$(stat -c %s -- "$log" 2>/dev/null || echo "$off")
+  if [ "$size" -lt "$off" ]; then echo "{marker} log-shrank" >&2; exit 0; fi
+  if [ "$size" -gt "$off" ]; then tail -c +$((off + 1)) -- "$log" | head -c $((size - off)); off=$size; fi
+}}
+# After the job ends, copy once more: what it wrote between the last copy and squeue's answer.
+ended() {{ copy; echo "{marker} job-ended $1" >&2; exit 0; }}
 while :; do
-  if [ -f "$log" ]; then
-    size=$(stat -c %s -- "$log" 2>/dev/null || echo "$off")
-    if [ "$size" -lt "$off" ]; then echo "{marker} log-shrank" >&2; exit 0; fi
-    if [ "$size" -gt "$off" ]; then tail -c +$((off + 1)) -- "$log" | head -c $((size - off)); off=$size; fi
-  fi
+  copy
   if out=$({squeue} --noheader --states=all --jobs "$job" --format=%T 2>&1); then
     state=$(printf '%s\n' "$out" | head -n 1 | tr -d '[:space:]')
     case " {active} " in
       *" $state "*) ;;
-      *) echo "{marker} job-ended ${{state:-GONE}}" >&2; exit 0 ;;
+      *) ended "${{state:-GONE}}" ;;
     esac
   elif printf '%s' "$out" | grep -qi 'invalid job id'; then
-    echo "{marker} job-ended GONE" >&2; exit 0
+    ended GONE
   fi
   if [ "$SECONDS" -ge "$end" ]; then echo "{marker} window" >&2; exit 0; fi
   sleep "$interval"
