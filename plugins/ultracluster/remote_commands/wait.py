@@ -32,7 +32,7 @@ copy() {{
   if [ "$size" -lt "$off" ]; then echo "{marker} log-shrank" >&2; exit 0; fi
   if [ "$size" -gt "$off" ]; then tail -c +$((off + 1)) -- "$log" | head -c $((size - off)); off=$size; fi
 }}
-# After the job ends, copy once more: what it wrote between the last copy and squeue's answer.
+# After the job ends, copy once more: what it wrote between the last copy and the state check.
 ended() {{ copy; echo "{marker} job-ended $1" >&2; exit 0; }}
 while :; do
   copy
