@@ -27,6 +27,7 @@ LAYERS = (
     ("operators, sensors", ("ultracluster.operators", "ultracluster.sensors", "ultracluster.links",
                             "ultracluster.notifications", "ultracluster.params", "ultracluster.reaper")),
     ("DAGs, CLI, UI", ("ultracluster.cli", "ultracluster.ui", "ultracluster.listeners", "ultracluster.cluster_tasks",
+                       "ultracluster.executor",
                        "ultracluster.get_provider_info")),
 )
 

@@ -16,8 +16,9 @@ export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export ULTRACLUSTER_PG_HOME=${ULTRACLUSTER_PG_HOME:-$LOCAL_ULTRACLUSTER_HOME/postgres}
 export ULTRACLUSTER_PG_PORT=${ULTRACLUSTER_PG_PORT:-5433}
 export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD="cat $ULTRACLUSTER_PG_HOME/airflow.conn"
-# LocalExecutor on 2 cores: tasks mostly wait on remote work or defer, so 6 slots are enough.
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+# LocalExecutor on 2 cores: tasks mostly wait on remote work or defer, so 6 slots are enough. Its
+# workers fork with the DAGs' modules imported, so a task skips them (ultracluster/executor.py).
+export AIRFLOW__CORE__EXECUTOR=ultracluster.executor.PreloadedLocalExecutor
 export AIRFLOW__CORE__PARALLELISM=6
 export AIRFLOW__API__WORKERS=2
 export AIRFLOW__API__HOST=127.0.0.1

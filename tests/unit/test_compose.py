@@ -408,7 +408,8 @@ def test_dag_and_plugin_folders_agree(compose):
 def test_what_differs_by_design_does_differ(compose):
     env = env_of(compose["services"]["airflow-scheduler"])
     exports = env_sh_exports()
-    assert exports["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor" and env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert exports["AIRFLOW__CORE__EXECUTOR"] == "ultracluster.executor.PreloadedLocalExecutor"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
     assert "AIRFLOW__API__HOST" not in env
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
