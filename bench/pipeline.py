@@ -81,6 +81,11 @@ def analyse(r: dict) -> dict:
     wall = r["end"] - r["start"]
     busy_s = tl.covered(busy, (r["start"], r["end"]))
     out = {"run_id": r["run_id"], "wall_s": wall, "busy_s": busy_s, "overhead_s": wall - busy_s, "waits": {}}
+    # Where the overhead goes: time with no task running and the cluster idle (Airflow's hops), and each
+    # task's time off the cluster (parallel tasks overlap, so these add up to more than the overhead).
+    spans = [(t, ti["start"], ti["end"]) for t, ti in r["tis"].items() if ti.get("start") and ti.get("end")]
+    out["between_tasks_s"] = wall - tl.covered(busy + [(s, e) for _, s, e in spans], (r["start"], r["end"]))
+    out["off_cluster_s"] = {t: (e - s) - tl.covered(busy, (s, e)) for t, s, e in spans}
     for wait, (task, following) in WAITS.items():
         events = r["logs"].get(task, [])
         change = _state_change(wait, r)
@@ -162,6 +167,11 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
          "overhead = wall - busy; median no-op wall as the baseline")
     for kind, picked in (("cold", runs[0::2]), ("warm", runs[1::2])):
         _fig(report, f"2. overhead / no-op wall ({kind})", [r["overhead_s"] / noop for r in picked], "ratio")
+    _fig(report, "2. overhead: no task running, cluster idle", [r["between_tasks_s"] for r in runs], "s",
+         note="Airflow's hops between tasks")
+    for task in sorted({t for r in runs for t in r["off_cluster_s"]}):
+        _fig(report, f"2. overhead: {task} off the cluster", [r["off_cluster_s"].get(task) for r in runs], "s",
+             note="the task's span less the cluster's busy time in it")
     for wait in WAITS:
         ws = [r["waits"][wait] for r in runs]
         _fig(report, f"3. {wait}: state change -> trigger event", [w["to_event_s"] for w in ws], "s", "2 s median")
