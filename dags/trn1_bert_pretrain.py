@@ -129,6 +129,7 @@ with DAG(
         # for, this long at most, instead of failing the wait.
         existing_cluster_name=EXISTING_CLUSTER,
         held_nodes_timeout=HELD_NODES_TIMEOUT_S,
+        cluster=pcluster_create.output,  # its first look judges what pcluster_create just described
     )
 
     download_data = DownloadDatasetOperator(

@@ -10,15 +10,16 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 
 from .config_schema import CLUSTER_SCHEMA, RETIRED_OS
 from .instance_types import is_known_instance_type
 from .shapes import validation_error
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 LEVELS = ("INFO", "WARNING", "ERROR")
 MAX_QUEUES = 50
@@ -100,6 +101,8 @@ def _nest(messages: dict[Any, Any], path: list[Any], text: str) -> None:
 
 
 def check_structure(config: dict[str, Any]) -> None:
+    from jsonschema import Draft202012Validator  # here: every pcluster call but the creates skips its import
+
     errors = list(Draft202012Validator(CLUSTER_SCHEMA).iter_errors(config))
     if not errors:
         return

@@ -175,6 +175,7 @@ def delete_vpc(profile: dict[str, Any], vpc: Any) -> DeleteVpcStackOperator:
         # delete_cluster's name, checked gone before the network goes. None (no cluster was ever
         # named) when render_config did not run: CLUSTER_NAME would render Undefined there.
         cluster_name="{{ (ti.xcom_pull(task_ids='render_config') or {}).get('cluster_name') }}",
+        cluster_deleted="{{ ti.xcom_pull(task_ids='delete_cluster') }}",  # gone there: not described again
         pcluster_conn_id=PCLUSTER_CONN_ID,
         aws_conn_id=AWS_CONN_ID,
         region_name="{{ params.region }}",

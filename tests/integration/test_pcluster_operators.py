@@ -24,16 +24,17 @@ CONFIG_YAML = "Region: us-east-1\nImage:\n  Os: ubuntu2204\n"
 
 
 class RecordingTaskInstance:
-    def __init__(self):
+    def __init__(self, try_number: int = 1):
         self.xcom = {}
+        self.try_number = try_number
 
     def xcom_push(self, key, value):
         self.xcom[key] = value
 
 
-def make_context(run_id: str = RUN_ID) -> dict:
+def make_context(run_id: str = RUN_ID, try_number: int = 1) -> dict:
     return {"run_id": run_id, "params": {}, "dag": SimpleNamespace(dag_id="trn1_bert_pretrain"),
-            "ti": RecordingTaskInstance()}
+            "ti": RecordingTaskInstance(try_number)}
 
 
 @pytest.fixture
@@ -63,14 +64,14 @@ def create_op(**overrides) -> CreateClusterOperator:
 
 
 def test_create_submits_the_config_from_s3_and_defers(env):
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
-                "describe_cluster_create_in_progress.json")
+    env.respond("describe-cluster", "describe_cluster_create_in_progress.json")
     env.respond("create-cluster", "create_cluster.json")
     context = make_context()
     with pytest.raises(TaskDeferred) as deferred:
         create_op().execute(context)
 
-    assert env.verbs() == ["describe-cluster", "create-cluster"]  # the wait starts from create-cluster's answer
+    # A first try has no earlier cluster to find, and the wait starts from create-cluster's answer.
+    assert env.verbs() == ["create-cluster"]
     create_argv = next(argv for argv in env.calls() if argv[0] == "create-cluster")
     assert create_argv[1:3] == ["--cluster-name", "uc-test"]
     config_path = create_argv[create_argv.index("--cluster-configuration") + 1]
@@ -101,8 +102,6 @@ def test_the_cli_got_the_yaml_render_config_uploaded(env, tmp_path, monkeypatch)
     conn = json.loads(env.connection_json())
     conn["extra"]["binary"] = str(wrapper)
     monkeypatch.setenv("AIRFLOW_CONN_PCLUSTER_WRAPPED", json.dumps(conn))
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
-                "describe_cluster_create_in_progress.json")
     env.respond("create-cluster", "create_cluster.json")
     with pytest.raises(TaskDeferred):
         create_op(pcluster_conn_id="pcluster_wrapped").execute(make_context())
@@ -112,13 +111,26 @@ def test_the_cli_got_the_yaml_render_config_uploaded(env, tmp_path, monkeypatch)
 def test_retry_reattaches_to_this_runs_cluster(env):
     env.respond("describe-cluster", "describe_cluster_create_in_progress.json")
     with pytest.raises(TaskDeferred):
-        create_op().execute(make_context())
+        create_op().execute(make_context(try_number=2))
     assert "create-cluster" not in env.verbs()
+
+
+def test_a_first_try_that_finds_its_cluster_taken_reattaches_only_to_this_runs(env):
+    # An earlier try whose record was lost (or a second scheduler) created it: create-cluster says so.
+    env.respond("create-cluster", ("error_cluster_already_exists.json", 1))
+    env.respond("describe-cluster", "describe_cluster_create_in_progress.json")
+    with pytest.raises(TaskDeferred) as deferred:
+        create_op().execute(make_context())
+    assert env.verbs() == ["create-cluster", "describe-cluster"]
+    assert deferred.value.trigger.waiter_name == "ClusterCreateComplete"
+    with pytest.raises(ClusterAlreadyExistsError, match="belongs to run"):
+        create_op().execute(make_context(run_id="manual__someone_else"))
+    assert "delete-cluster" not in env.verbs()
 
 
 def test_retry_after_completion_returns_without_waiting(env):
     env.respond("describe-cluster", "describe_cluster_create_complete.json")
-    result = create_op().execute(make_context())
+    result = create_op().execute(make_context(try_number=2))
     assert result["cluster_status"] == "CREATE_COMPLETE" and result["head_node"]["publicIpAddress"] == "198.51.100.44"
     assert "SECRETSIGNATURE" not in json.dumps(result)
     assert env.verbs() == ["describe-cluster"]
@@ -130,12 +142,12 @@ def test_a_cluster_being_deleted_is_waited_for_then_created_again(env):
     env.respond("create-cluster", "create_cluster.json")
     op = create_op()
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(make_context())
+        op.execute(make_context(try_number=2))
     assert (deferred.value.trigger.waiter_name, deferred.value.method_name) == (
         "ClusterDeleteComplete", "create_after_delete")
     assert "create-cluster" not in env.verbs()
     with pytest.raises(TaskDeferred) as again:
-        op.create_after_delete(make_context(), event("complete", cluster_status="DELETE_COMPLETE"))
+        op.create_after_delete(make_context(try_number=2), event("complete", cluster_status="DELETE_COMPLETE"))
     assert again.value.trigger.waiter_name == "ClusterCreateComplete"
     assert env.verbs().count("create-cluster") == 1
 
@@ -143,12 +155,11 @@ def test_a_cluster_being_deleted_is_waited_for_then_created_again(env):
 def test_a_cluster_of_another_run_is_not_adopted(env):
     env.respond("describe-cluster", "describe_cluster_create_complete.json")
     with pytest.raises(ClusterAlreadyExistsError, match="belongs to run"):
-        create_op().execute(make_context(run_id="manual__someone_else"))
+        create_op().execute(make_context(run_id="manual__someone_else", try_number=2))
     assert "delete-cluster" not in env.verbs()
 
 
 def test_validation_errors_are_raised_and_nothing_is_deleted(env):
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
     env.respond("create-cluster", ("validation_min_gt_max.json", 1))
     with pytest.raises(ClusterValidationError, match="Max count must be greater"):
         create_op().execute(make_context())
@@ -223,8 +234,8 @@ def test_a_create_failed_the_config_does_not_explain_is_retried(env, tmp_path):
     env.respond("delete-cluster", "delete_cluster.json")
     env.respond_text("list-cluster-log-streams", json.dumps({"logStreams": []}))
     op = create_op()
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(make_context())
+    with pytest.raises(TaskDeferred) as deferred:  # a retry finds the first try's failed cluster
+        op.execute(make_context(try_number=2))
     assert deferred.value.kwargs["deterministic"] is False
     with pytest.raises(RuntimeError, match="HeadNodeBootstrapFailure: Cluster creation timed out. \\(the cluster was"):
         op.fail_after_delete(make_context(), event("complete"), **deferred.value.kwargs)
@@ -235,7 +246,7 @@ def test_create_failed_whose_delete_fails_reports_both(env):
     env.respond("delete-cluster", "delete_cluster.json")
     op = create_op()
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(make_context())
+        op.execute(make_context(try_number=2))
     assert deferred.value.method_name == "fail_after_delete"
     env.respond("describe-cluster", "describe_cluster_delete_failed.json")
     with pytest.raises(RuntimeError, match="cluster creation failed.*deleting it failed too.*DELETE_FAILED"):
@@ -290,7 +301,7 @@ def test_a_cluster_over_the_node_cap_waits_without_creating(env, tmp_path):
     from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 
     other = other_runs_cluster(tmp_path, nodes=2)
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), other)
+    env.respond("describe-cluster", other)
     env.respond("list-clusters", str(tmp_path / "list_other.json"))
     op = create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=3)
     with pytest.raises(TaskDeferred) as deferred:
@@ -300,7 +311,7 @@ def test_a_cluster_over_the_node_cap_waits_without_creating(env, tmp_path):
     assert "create-cluster" not in env.verbs()
     # Room now (the other cluster is gone): the retry creates.
     env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1),
-                ("error_describe_cluster_not_found.json", 1), "describe_cluster_create_in_progress.json")
+                "describe_cluster_create_in_progress.json")
     env.respond("create-cluster", "create_cluster.json")
     with pytest.raises(TaskDeferred) as waiting:
         op.admission_retry(make_context(), None)
@@ -308,14 +319,13 @@ def test_a_cluster_over_the_node_cap_waits_without_creating(env, tmp_path):
 
 
 def test_a_cluster_that_fits_beside_the_others_is_created(env, tmp_path):
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), other_runs_cluster(tmp_path, 2),
-                "describe_cluster_create_in_progress.json")
+    env.respond("describe-cluster", other_runs_cluster(tmp_path, 2), "describe_cluster_create_in_progress.json")
     env.respond("list-clusters", str(tmp_path / "list_other.json"))
     env.respond("create-cluster", "create_cluster.json")
     with pytest.raises(TaskDeferred):
         create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=4).execute(make_context())
     # The wait starts from create-cluster's own answer: no describe-cluster after it.
-    assert env.verbs() == ["describe-cluster", "list-clusters", "describe-cluster", "create-cluster"]
+    assert env.verbs() == ["list-clusters", "describe-cluster", "create-cluster"]
 
 
 def other_cluster(tmp_path, status: str, nodes_tag: int | None) -> None:
@@ -357,8 +367,7 @@ def test_the_cap_counts_live_instances_of_stuck_and_untagged_clusters(env, tmp_p
     launch("uc-other", "HeadNode")
     launch("uc-other", "Compute", count=2, terminate=True)  # gone: they hold nothing
     launch("uc-other", "Compute", count=live)
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1), str(tmp_path / "describe_other.json"),
-                "describe_cluster_create_in_progress.json")
+    env.respond("describe-cluster", str(tmp_path / "describe_other.json"), "describe_cluster_create_in_progress.json")
     env.respond("list-clusters", str(tmp_path / "list_other.json"))
     env.respond("create-cluster", "create_cluster.json")
     with pytest.raises(TaskDeferred) as deferred:
@@ -373,8 +382,7 @@ def test_waiting_for_room_past_the_limit_fails_naming_what_holds_the_cap(env, tm
     from airflow.sdk.exceptions import AirflowFailException
 
     other_cluster(tmp_path, "CREATE_COMPLETE", 3)
-    looks = [("error_describe_cluster_not_found.json", 1), str(tmp_path / "describe_other.json")] * 3
-    env.respond("describe-cluster", *looks)
+    env.respond("describe-cluster", *[str(tmp_path / "describe_other.json")] * 3)
     env.respond("list-clusters", str(tmp_path / "list_other.json"))
     op = create_op(cluster_config={**CONFIG, "nodes": 2}, max_live_nodes=3, max_admission_wait=60)
     with pytest.raises(TaskDeferred) as deferred:
@@ -390,10 +398,9 @@ def test_waiting_for_room_past_the_limit_fails_naming_what_holds_the_cap(env, tm
 def test_a_cluster_bigger_than_the_cap_fails_at_once(env):
     from airflow.sdk.exceptions import AirflowFailException
 
-    env.respond("describe-cluster", ("error_describe_cluster_not_found.json", 1))
     with pytest.raises(AirflowFailException, match="can hold 5 nodes, more than the deployment's cap of 4"):
         create_op(cluster_config={**CONFIG, "nodes": 5}, max_live_nodes=4).execute(make_context())
-    assert env.verbs() == ["describe-cluster"]
+    assert env.verbs() == []
 
 
 def test_success_event_returns_the_cluster(env):

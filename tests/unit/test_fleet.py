@@ -20,10 +20,11 @@ import ultracluster.triggers.fleet as fleet_trigger_module
 from tests.unit.triggerer import in_triggerer
 from ultracluster.hooks.head_node import CommandResult, HeadNodeHook, HeadNodeUnreachableError
 from ultracluster.hooks.slurm import SlurmHook
-from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity
+from ultracluster.parsers.pcluster import ClusterNotFoundError, cluster_facts, cluster_identity, public_description
 from ultracluster.run.events import event
 from ultracluster.run.fleet import judge_cluster
 from ultracluster.run.lost_nodes import LostNodes
+from ultracluster.run.returns import cluster_created
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.sensors.fleet import STATE_KEY_HOST_KEY, ComputeFleetSensor, FleetCheck
 from ultracluster.triggers.fleet import ComputeFleetTrigger
@@ -393,8 +394,9 @@ class DictStore(dict):
         self[key] = value
 
 
-def ctx(store):
-    return {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="wait_for_fleet", map_index=-1), "task_state_store": store}
+def ctx(store, try_number: int = 1):
+    return {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="wait_for_fleet", map_index=-1, try_number=try_number),
+            "task_state_store": store}
 
 
 @pytest.fixture
@@ -454,6 +456,43 @@ def test_a_first_contact_in_the_worker_is_stored_before_the_deferral(ssh_conn, d
     assert store[STATE_KEY_HOST_KEY] == pin
     trigger = deferred.value.trigger
     assert (trigger.host_key, trigger.host_key_cluster) == (pin["host_key"], pin["cluster"])
+
+
+class CountingDescribe(FakeDescribe):
+    calls = 0
+
+    def describe_cluster(self, cluster_name):
+        CountingDescribe.calls += 1
+        return super().describe_cluster(cluster_name)
+
+
+@pytest.mark.parametrize("try_number, existing, describes", [(1, False, 0), (2, False, 1), (1, True, 1)])
+def test_a_first_try_judges_the_cluster_gate_on_pcluster_creates_answer(ssh_conn, monkeypatch, head_nodes,
+                                                                      try_number, existing, describes):
+    # pcluster_create described the cluster moments before: a first try does not describe it again. A
+    # retry may come hours later, and an adopted cluster's value has no creation time for the pin.
+    live = described("create_complete")
+    created = {**cluster_created("uc-run1", public_description(live), None), **({"existing": True} if existing else {})}
+    CountingDescribe.calls = 0
+    monkeypatch.setattr(fleet_sensor_module, "ParallelClusterHook", lambda *_a, **_k: CountingDescribe(live))
+    head_nodes.results = [sinfo("sinfo_idle")]
+    store = DictStore()
+    sensor = ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2, cluster=created)
+    assert "cluster" in sensor.template_fields
+    result = sensor.execute(ctx(store, try_number))
+    assert (result["address"], result["host_key"]) == ("198.51.100.44", HOST_KEY)
+    assert CountingDescribe.calls == describes
+    # The pin names the cluster as the trigger's and later tries' describe-cluster will.
+    assert store[STATE_KEY_HOST_KEY] == {"host_key": HOST_KEY, "cluster": cluster_identity(live)}
+
+
+def test_a_cluster_value_not_ready_is_looked_at_again_by_the_trigger(ssh_conn, describe_as, head_nodes):
+    describe_as(described("create_complete"))
+    created = cluster_created("uc-run1", {**described("create_complete"), "computeFleetStatus": "STARTING"}, None)
+    with pytest.raises(TaskDeferred) as deferred:
+        ComputeFleetSensor(task_id="wait_for_fleet", cluster_name="uc-run1", num_nodes=2,
+                           cluster=created).execute(ctx(DictStore()))
+    assert deferred.value.trigger.end_task is True
 
 
 def test_sensor_complete_returns_head_node_and_keeps_key():

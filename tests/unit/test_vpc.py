@@ -14,6 +14,7 @@ from ultracluster.run.events import event
 from ultracluster.links import CloudFormationStackLink
 from ultracluster.operators.vpc import CreateVpcStackOperator, DeleteVpcStackOperator
 from ultracluster.run.tags import RUN_ID_TAG
+from ultracluster.run.returns import cluster_deleted
 
 REGION = "us-east-1"
 RUN_ID = "manual__2026-11-30T08:00:00+00:00"
@@ -350,3 +351,21 @@ def test_delete_vpc_ignores_a_cluster_of_another_run_and_a_gone_one(aws, pcluste
 async def first_event(trigger) -> dict:
     async for event in trigger.run():
         return event.payload
+
+
+def test_delete_vpc_takes_delete_clusters_word_that_the_cluster_is_gone(aws, pcluster):
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", "describe_cluster_create_complete.json")  # would keep the network
+    deleted = cluster_deleted("uc-test", "2026-12-07T00:00:00+00:00", None)
+    assert delete_vpc_op(network, cluster_deleted=deleted).execute(make_context())["deleted"] is True
+    assert pcluster.verbs() == [] and resources_gone(aws, network)
+
+
+@pytest.mark.parametrize("word", [None, "", {"cluster_name": "uc-test", "deleted": False},
+                                  {"cluster_name": "uc-other", "deleted": True}])
+def test_delete_vpc_describes_the_cluster_without_that_word(aws, pcluster, word):
+    network = create_op().execute(make_context())
+    pcluster.respond("describe-cluster", "describe_cluster_create_complete.json")
+    with pytest.raises(RuntimeError, match="still exists"):
+        delete_vpc_op(network, cluster_deleted=word).execute(make_context())
+    assert pcluster.verbs() == ["describe-cluster"]

@@ -11,6 +11,7 @@ unsigned), its ``.sha256`` sidecar included.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -44,21 +45,25 @@ def account_problems(plan: dict[str, Any], aws_conn_id: str | None, probe_name: 
     ec2 = AccountHook(aws_conn_id=aws_conn_id, region_name=plan.get("region") or None)
     if s3.get_session().get_credentials() is None:  # before any request: an unsigned one would go out
         return [f"AWS connection {aws_conn_id!r}: no AWS credentials found; nothing in the account could be checked"]
-    try:
+    def buckets() -> list[str]:
         problems = unreadable(dataset, "dataset_s3_uri", plan.get("dataset_s3_uri"), warnings)
         problems += unwritable(s3, "artifacts_s3_uri", plan.get("artifacts_s3_uri"), probe_name)
         if plan.get("compile_cache_s3_uri"):
             problems += unwritable(s3, "compile_cache_s3_uri", plan["compile_cache_s3_uri"], probe_name)
-        problems += _resumable(s3, plan.get("resume_from"))
-        if not existing_cluster(plan):  # what launching the run's own cluster needs
-            problems += _key_pair(ec2, plan.get("key_name"))
-            problems += _offerings(ec2, plan)
-            problems += _trn_quota(ec2, plan, prices, log)
-            if capacity is not None:
-                problems += capacity_problems(ec2, plan, **capacity)
+        return problems + _resumable(s3, plan.get("resume_from"))
+
+    def launch() -> list[str]:  # what launching the run's own cluster needs
+        problems = _key_pair(ec2, plan.get("key_name")) + _offerings(ec2, plan) + _trn_quota(ec2, plan, prices, log)
+        return problems + (capacity_problems(ec2, plan, **capacity) if capacity is not None else [])
+
+    try:
+        if existing_cluster(plan):
+            return buckets()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight-ec2") as pool:  # S3 and EC2 at once
+            ec2_problems = pool.submit(launch)
+            return buckets() + ec2_problems.result()
     except (NoCredentialsError, PartialCredentialsError) as err:   # a deployment's setup, not a blip
         return [f"AWS connection {aws_conn_id!r}: {err}; nothing in the account could be checked"]
-    return problems
 
 
 def unreadable(s3: DatasetS3Hook, param: str, uri: str | None, warnings: list[str] | None = None) -> list[str]:

@@ -12,6 +12,7 @@ from ultracluster.hooks.parallelcluster import ParallelClusterHook
 from ultracluster.links import ParallelClusterStackLink
 from ultracluster.parsers.pcluster import ClusterNotFoundError, config_facts, public_description, region_from_arn
 from ultracluster.run import existing_cluster as byo
+from ultracluster.run.returns import cluster_created
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -71,7 +72,4 @@ def adopt_cluster(context: Context, hook: ParallelClusterHook, name: str) -> dic
     ParallelClusterStackLink.persist(context=context,
                                      region_name=public.get("region") or region_from_arn(public.get("cloudformationStackArn")),
                                      stack_name=public.get("cloudformationStackArn") or name)
-    head = public.get("headNode") or {}
-    return {"cluster_name": name, "cluster_status": status, "region": public.get("region"),
-            "cloudformation_stack_arn": public.get("cloudformationStackArn"), "head_node": head,
-            "config_s3_uri": None, "created_at": None, "existing": True}
+    return {**cluster_created(name, public, None), "created_at": None, "existing": True}

@@ -79,8 +79,9 @@ class CreateClusterOperator(BaseOperator):
     :param existing_cluster_name: the run uses this cluster, which it did not create
         (``run.existing_cluster``): the task checks it is still usable and returns it, creating,
         changing and waiting for nothing (``existing`` True in the result).
-    Returns ``{"cluster_name", "cluster_status", "region", "cloudformation_stack_arn", "head_node",
-    "config_s3_uri", "created_at"}``.
+    On a first try it creates at once (create-cluster refuses a name taken, and the task then reattaches
+    only to this run's cluster); a retry first looks for the cluster an earlier try created.
+    Returns ``run.returns.cluster_created``.
     """
     template_fields: Sequence[str] = ("cluster_config", "suppress_validators", "region_name", "existing_cluster_name")
     operator_extra_links = (ParallelClusterStackLink(),)
@@ -127,35 +128,34 @@ class CreateClusterOperator(BaseOperator):
         hook = self.hook()
         if step_on_existing_cluster(self, byo.CREATE).action == byo.ADOPT:
             return adopt_cluster(context, hook, byo.named(self.existing_cluster_name))
-        run_id = context["run_id"]
-        try:
-            description = hook.describe_cluster(self.cluster_name)
-        except ClusterNotFoundError:
-            description = None
-        if description is not None:
-            owner = cluster_owner(description)
-            if owner != run_id:
-                raise ClusterAlreadyExistsError(
-                    f"Cluster {self.cluster_name} exists and belongs to run {owner!r}, not {run_id!r}; "
-                    "choose another cluster_name"
-                )
-            self.log.info("Cluster %s of this run exists (%s): reattaching", self.cluster_name,
-                          description.get("clusterStatus"))
-        else:
+        description = None
+        if context["ti"].try_number > 1:  # an earlier try may have created it: reattach, never create twice
+            try:
+                description = self._own(context, hook.describe_cluster(self.cluster_name))
+            except ClusterNotFoundError:
+                pass
+        if description is None:
             self._admit(hook)  # defers while the node cap is full
             try:
                 # create-cluster's answer is the new cluster's (status, stack, region): the wait starts
                 # from it, with this run's tags (render_config's), without a describe-cluster first.
                 description = self._create(hook)
             except ClusterAlreadyExistsError:
-                # A previous try created it after our describe: reattach like above.
-                self.log.info("Cluster %s appeared meanwhile: reattaching", self.cluster_name)
-                description = {}
+                # Another run's, or an earlier try's: reattach only to this run's.
+                description = self._own(context, hook.describe_cluster(self.cluster_name))
             if not description.get("clusterStatus"):
-                description = hook.describe_cluster(self.cluster_name)
-                if cluster_owner(description) != run_id:
-                    raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} is not tagged with run {run_id!r}")
+                description = self._own(context, hook.describe_cluster(self.cluster_name))
         return self._continue(context, hook, description)
+
+    def _own(self, context: Context, description: dict) -> dict:
+        """The description of this run's cluster; one of another run (a name taken) is never adopted."""
+        owner = cluster_owner(description)
+        if owner != context["run_id"]:
+            raise ClusterAlreadyExistsError(f"Cluster {self.cluster_name} exists and belongs to run {owner!r}, "
+                                            f"not {context['run_id']!r}; choose another cluster_name")
+        self.log.info("Cluster %s of this run exists (%s): reattaching", self.cluster_name,
+                      description.get("clusterStatus"))
+        return description
 
     def _admit(self, hook) -> None:
         """Return when this cluster fits under the node cap; defer and look again when it does not

@@ -13,6 +13,7 @@ failures are the conf's own and fail the task at once, without retries. Transien
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -137,11 +138,20 @@ class PreflightOperator(BaseOperator):
         now = datetime.now(timezone.utc)
         capacity = {"run_hours": expected["hours"], "now": now, "found": [],
                     "needed_by": now + timedelta(seconds=int(self.reservation_lead_s))}
-        problems += account_problems(plan, self.aws_conn_id, f"{safe_run_id(context['run_id'])}.probe", prices,
-                                     self.log, sse=self.s3_encryption, warnings=warnings, capacity=capacity)
-        if not existing:  # a standing cluster's nodes run the image it was made with
-            problems += node_image_problems(plan, aws_conn_id=self.aws_conn_id, parameter=self.node_image_parameter,
-                                            install_at_boot=self.install_neuron_at_boot, log=self.log)
+        # The account's answers are independent: asked at once, they take the slowest one's time.
+        account_warnings: list[str] = []
+        with ThreadPoolExecutor(max_workers=3, thread_name_prefix="preflight") as pool:
+            account = pool.submit(account_problems, plan, self.aws_conn_id,
+                                  f"{safe_run_id(context['run_id'])}.probe", prices, self.log, sse=self.s3_encryption,
+                                  warnings=account_warnings, capacity=capacity)
+            # A standing cluster's nodes run the image it was made with.
+            image = None if existing else pool.submit(
+                node_image_problems, plan, aws_conn_id=self.aws_conn_id, parameter=self.node_image_parameter,
+                install_at_boot=self.install_neuron_at_boot, log=self.log)
+            public = pool.submit(public_access_warnings, plan, self.aws_conn_id)
+            problems += account.result()
+            problems += image.result() if image else []
+        warnings += account_warnings
         if problems:
             raise AirflowFailException(problem_list(
                 f"preflight found {counted(problems, 'problem')}, nothing was created", problems))
@@ -160,7 +170,7 @@ class PreflightOperator(BaseOperator):
                 f"max_cost_usd: the estimate ${expected['usd']:.2f} exceeds the limit ${limit:.2f}; "
                 "lower num_nodes or steps_this_run, or raise max_cost_usd"
             )
-        warnings += public_access_warnings(plan, self.aws_conn_id)
+        warnings += public.result()
         if not existing:  # an existing cluster's head node and nodes are as it made them
             warnings += ssh_warnings(plan.get("ssh_allowed_cidr"), flag(plan.get("allow_world_ssh")))
         boot = self._boot(plan, warnings) if self.estimate_boot_time and not existing else None

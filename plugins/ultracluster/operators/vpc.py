@@ -272,16 +272,21 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
     left alone.
 
     :param cluster_name: the run's cluster (delete_cluster's name); empty skips the check.
+    :param cluster_deleted: delete_cluster's return (``run.returns.cluster_deleted``): a cluster it saw
+        gone is not described again.
     :param existing_cluster_name: the run used this cluster, which it did not create: the task skips.
     """
-    template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name", "existing_cluster_name")
+    template_fields: Sequence[str] = aws_template_fields("vpc", "stack_name", "cluster_name", "cluster_deleted",
+                                                         "existing_cluster_name")
     delete_ends_task = True
 
     def __init__(self, *, vpc: dict | None = None, stack_name: str | None = None, cluster_name: str | None = None,
                  pcluster_conn_id: str = "pcluster_default", waiter_max_attempts: int = 120,
-                 existing_cluster_name: str | None = None, **kwargs: Any) -> None:
+                 existing_cluster_name: str | None = None, cluster_deleted: dict | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(waiter_max_attempts=waiter_max_attempts, **kwargs)
         self.existing_cluster_name = existing_cluster_name
+        self.cluster_deleted = cluster_deleted
         self.vpc = vpc
         self.stack_name = stack_name
         self.cluster_name = cluster_name
@@ -295,6 +300,10 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
     def _check_cluster_gone(self, context: Context) -> None:
         """Return when the run's cluster is gone; defer while it is deleting; raise otherwise."""
         if not self.cluster_name:
+            return
+        deleted = self.cluster_deleted if isinstance(self.cluster_deleted, dict) else {}
+        if deleted.get("deleted") and deleted.get("cluster_name") == self.cluster_name:
+            self.log.info("Cluster %s is gone (delete_cluster saw it go)", self.cluster_name)
             return
         hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)
         try:

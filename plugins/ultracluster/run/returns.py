@@ -51,12 +51,22 @@ def cluster_created(cluster_name: str, description: Mapping[str, Any], config_s3
     return {
         "cluster_name": cluster_name,
         "cluster_status": description.get("clusterStatus"),
+        "compute_fleet_status": description.get("computeFleetStatus"),
         "region": description.get("region"),
         "cloudformation_stack_arn": description.get("cloudformationStackArn"),
         "head_node": description.get("headNode") or {},
         "config_s3_uri": config_s3_uri,
         "created_at": description.get("creationTime"),
     }
+
+
+def created_description(created: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``cluster_created`` value as the describe-cluster fields the fleet's cluster gate judges and
+    its host-key pin names the cluster by (``parsers.pcluster.cluster_facts``, ``cluster_identity``)."""
+    return {"clusterName": created.get("cluster_name"), "clusterStatus": created.get("cluster_status"),
+            "computeFleetStatus": created.get("compute_fleet_status"), "headNode": created.get("head_node") or {},
+            "cloudformationStackArn": created.get("cloudformation_stack_arn"),
+            "creationTime": created.get("created_at")}
 
 
 def cluster_deleted(cluster_name: str, deleted_at: str | None, usage: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from ultracluster.run.lost_nodes import (
     replacements,
 )
 from ultracluster.run.plan import node_count
-from ultracluster.run.returns import fleet_ready
+from ultracluster.run.returns import created_description, fleet_ready
 from ultracluster.run.shared_cluster import HELD_NODES_TIMEOUT_S
 from ultracluster.run.states import FAILED, PENDING, READY
 from ultracluster.triggers.fleet import ComputeFleetTrigger
@@ -81,14 +81,16 @@ class FleetCheck:
         self._unusable_since: dict[str, float] = {}
         self.lost = lost if lost is not None else LostNodes()
 
-    def check(self) -> tuple[Judgement, dict[str, Any] | None]:
-        """(judgement, head node when ready). A host key mismatch raises HostKeyMismatchError."""
-        try:
-            description = self.pcluster_hook.describe_cluster(self.cluster_name)
-        except ClusterNotFoundError as err:
-            return Judgement(FAILED, "cluster_gone", f"Cluster {self.cluster_name} does not exist: {err}"), None
-        except PclusterError as err:
-            return Judgement(PENDING, "api_error", f"describe-cluster failed: {err}"), None
+    def check(self, description: dict[str, Any] | None = None) -> tuple[Judgement, dict[str, Any] | None]:
+        """(judgement, head node when ready). A host key mismatch raises HostKeyMismatchError.
+        ``description``: describe-cluster's answer when the caller has a fresh one; else described here."""
+        if description is None:
+            try:
+                description = self.pcluster_hook.describe_cluster(self.cluster_name)
+            except ClusterNotFoundError as err:
+                return Judgement(FAILED, "cluster_gone", f"Cluster {self.cluster_name} does not exist: {err}"), None
+            except PclusterError as err:
+                return Judgement(PENDING, "api_error", f"describe-cluster failed: {err}"), None
         facts = cluster_facts(description)
         judgement = judge_cluster(**facts)
         if judgement.verdict != READY:
@@ -151,10 +153,13 @@ class ComputeFleetSensor(BaseSensorOperator):
     :param existing_cluster_name: set (rendered) when the run did not create the cluster, e.g. a
         sweep's shared cluster: nodes other jobs hold are waited for, ``held_nodes_timeout`` seconds at
         most instead of ``timeout``, rather than failing for "not enough usable nodes".
+    :param cluster: pcluster_create's return (``run.returns.cluster_created``), described moments
+        before: a first try's first look judges the cluster gate on it instead of describing the
+        cluster again. Retries, and every later look, describe it.
     """
 
     template_fields: Sequence[str] = ("cluster_name", "num_nodes", "partition", "region_name", "node_replacements",
-                                      "existing_cluster_name")
+                                      "existing_cluster_name", "cluster")
     ui_color = "#e8f8f5"
 
     def __init__(
@@ -172,9 +177,11 @@ class ComputeFleetSensor(BaseSensorOperator):
         node_replacements: int | str = DEFAULT_NODE_REPLACEMENTS,
         existing_cluster_name: str | None = None,
         held_nodes_timeout: float = HELD_NODES_TIMEOUT_S,
+        cluster: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
+        self.cluster = cluster
         self.existing_cluster_name = existing_cluster_name
         self.held_nodes_timeout = float(held_nodes_timeout)
         self.node_replacements = node_replacements
@@ -228,12 +235,21 @@ class ComputeFleetSensor(BaseSensorOperator):
                 lost=self._lost(context), shared=self.shared)
         return self._check
 
-    def _look(self, context: Context) -> tuple[Any, dict[str, Any] | None]:
+    def _created(self, context: Context) -> dict[str, Any] | None:
+        """pcluster_create's description of this cluster, on a first try only: by a retry it may be stale."""
+        created = self.cluster
+        # An adopted cluster's value has no creation time, which its host-key pin names it by.
+        if context["ti"].try_number > 1 or not isinstance(created, dict) or created.get("existing") \
+                or created.get("cluster_name") != self.cluster_name:
+            return None
+        return created_description(created)
+
+    def _look(self, context: Context, description: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any] | None]:
         """One round of both gates in the worker (``FleetCheck``): the pin and the ledger stored, a
         failure raised, else (judgement, the return value when ready)."""
         check = self._fleet_check(context)
         try:
-            judgement, head_node = check.check()
+            judgement, head_node = check.check(description)
         finally:
             self._remember_pin(context, check.pin)
             self._remember_lost(context, check.lost.to_dict())
@@ -248,7 +264,7 @@ class ComputeFleetSensor(BaseSensorOperator):
             return super().execute(context)
         # One look first: a fleet ready at once (dynamic nodes right after CREATE_COMPLETE) needs no
         # deferral, and a first contact made here is stored before the trigger starts.
-        judgement, ready = self._look(context)
+        judgement, ready = self._look(context, self._created(context))
         if judgement.verdict == READY:
             return ready
         check = self._fleet_check(context)
