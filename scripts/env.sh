@@ -20,6 +20,8 @@ export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD="cat $ULTRACLUSTER_PG_HOME/airflo
 # workers fork with the DAGs' modules imported, so a task skips them (ultracluster/executor.py).
 export AIRFLOW__CORE__EXECUTOR=ultracluster.executor.PreloadedLocalExecutor
 export AIRFLOW__CORE__PARALLELISM=6
+# Every AWS hook's session shares the parsed service models (ultracluster/hooks/aws_session.py).
+export AIRFLOW__AWS__SESSION_FACTORY=ultracluster.hooks.aws_session.SharedModelsSessionFactory
 export AIRFLOW__API__WORKERS=2
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__PORT=$AIRFLOW_PORT

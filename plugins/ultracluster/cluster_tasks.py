@@ -164,6 +164,7 @@ def delete_cluster(profile: dict[str, Any], results_uri: str) -> DeleteClusterOp
         fsx_storage_capacity_gib="{{ params.fsx_storage_capacity_gib }}",
         s3_encryption=profile_sse(profile),
         existing_cluster_name=EXISTING_CLUSTER,  # skips: the run never deletes a cluster it did not create
+        cluster="{{ ti.xcom_pull(task_ids='pcluster_create') }}",  # this run's: deleted without a describe first
     )
 
 

@@ -5,7 +5,8 @@ that process first parses its DAG file. The pipeline's DAG file imports the amaz
 and this package, and its SSH tasks then import paramiko and the ssh provider: about 1.5 s of CPU
 on the local 2-core machine, paid again by each of the run's 15 tasks (bench/pipeline.py, benchmark
 2), where a no-op task's parse takes 30 ms. Imported once in the scheduler, before it forks its
-workers, they are inherited by every task. ``AIRFLOW__CORE__EXECUTOR`` names this class in
+workers, they are inherited by every task, and so are the AWS service models the hooks' sessions
+share (``hooks.aws_session``). ``AIRFLOW__CORE__EXECUTOR`` names this class in
 scripts/env.sh; Airflow's own LocalExecutor runs the same tasks, only slower to start.
 
 As with Airflow plugins, a change to this package's code reaches the tasks after the scheduler
@@ -16,6 +17,8 @@ from __future__ import annotations
 import importlib
 
 from airflow.executors.local_executor import LocalExecutor
+
+from ultracluster.hooks import aws_session
 
 # What the DAG files in dags/ import, and what their tasks import when they run (the SSH client
 # stack: paramiko, the ssh provider's hook). tests/unit/test_executor.py checks that a DAG file's
@@ -57,6 +60,8 @@ PRELOAD = (
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    # The AWS service models too, parsed once here for every task's hooks (hooks.aws_session).
+    aws_session.warm_up()
 
 
 class PreloadedLocalExecutor(LocalExecutor):

@@ -234,6 +234,11 @@ def test_put_file_and_stdin(sshd, conn, tmp_path):
     hook.put_file(str(local), str(remote), mode=0o755)  # idempotent: replaces, never half-writes
     assert remote.read_text() == local.read_text() and os.access(remote, os.X_OK)
     assert not (remote.parent / ".run.sh.part").exists()
+    data = tmp_path / "data.txt"
+    data.write_text("x\n")
+    hook.put_files([(str(local), str(remote), 0o644), (str(data), str(remote.parent / "data.txt"), None)])
+    assert not os.access(remote, os.X_OK) and (remote.parent / "data.txt").read_text() == "x\n"
+    assert sorted(p.name for p in remote.parent.iterdir()) == ["data.txt", "run.sh"]
     hook.check(rc.write_file(str(tmp_path / "m.json"), '{"a": 1}'))
     assert json.loads((tmp_path / "m.json").read_text()) == {"a": 1}
 

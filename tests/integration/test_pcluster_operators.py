@@ -440,6 +440,41 @@ def test_delete_starts_and_defers(env):
     assert deferred.value.kwargs == {"delete_attempt": 1}
 
 
+def created_value(**overrides) -> dict:
+    """pcluster_create's return value for the recorded CREATE_COMPLETE cluster."""
+    from ultracluster.parsers.pcluster import public_description
+    from ultracluster.run.returns import cluster_created
+
+    recorded = json.loads((FIXTURES / "describe_cluster_create_complete.json").read_text())
+    return {**cluster_created("uc-test", public_description(recorded), None), **overrides}
+
+
+def test_a_first_try_deletes_the_cluster_pcluster_create_returned_without_describing_it(env):
+    env.respond("delete-cluster", "delete_cluster.json")
+    context = make_context()
+    with pytest.raises(TaskDeferred) as deferred:
+        delete_op(cluster=created_value()).execute(context)
+    assert env.verbs() == ["delete-cluster"]
+    assert deferred.value.trigger.waiter_name == "ClusterDeleteComplete"
+    from ultracluster.links import ParallelClusterStackLink
+
+    link = context["ti"].xcom[ParallelClusterStackLink.key]
+    assert link["region_name"] == REGION and link["stack_name"].startswith("arn:aws:cloudformation:")
+
+
+@pytest.mark.parametrize("case", ["retry", "another name", "adopted", "none"])
+def test_without_pcluster_creates_word_for_it_the_delete_describes_first(env, case):
+    # A retry may find the cluster deleting or gone; an adopted cluster is never deleted; no value:
+    # pcluster_create failed, and the cluster of that name may be another run's.
+    env.respond("describe-cluster", "describe_cluster_create_complete.json")
+    env.respond("delete-cluster", "delete_cluster.json")
+    cluster = {"retry": created_value(), "another name": created_value(cluster_name="uc-other"),
+               "adopted": created_value(existing=True), "none": None}[case]
+    with pytest.raises(TaskDeferred):
+        delete_op(cluster=cluster).execute(make_context(try_number=2 if case == "retry" else 1))
+    assert env.verbs() == ["describe-cluster", "delete-cluster"]
+
+
 def test_delete_in_progress_is_waited_on_not_repeated(env):
     env.respond("describe-cluster", "describe_cluster_delete_in_progress.json")
     with pytest.raises(TaskDeferred):

@@ -48,6 +48,7 @@ MUST_AGREE = {
     "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL",
     "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL",
     "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+    "AIRFLOW__AWS__SESSION_FACTORY",
     "ULTRACLUSTER_PROFILE",
 }
 # Settings of scripts/env.sh that differ in compose by design, and why.

@@ -22,6 +22,9 @@ LAYERS = architecture.LAYERS
 LAZY = ("paramiko", "asyncssh", "matplotlib", "torch", "jinja2", "airflow.providers.ssh",
         "airflow.providers.smtp", "airflow.providers.slack", "airflow.api_fastapi.app", "airflow.models",
         "sqlalchemy", "ultracluster.ui.app", "ultracluster.reaper")
+# Function-level imports that break an import cycle, not a heavy library: base_aws imports the session
+# factory it is configured with while it is itself being imported (hooks/aws_session.py).
+CYCLES = {("ultracluster.hooks.aws_session", "airflow.providers.amazon.aws.hooks.base_aws")}
 MAX_LINES = 400
 MODULES = architecture.modules()
 layer = architecture.layer
@@ -95,7 +98,8 @@ def test_the_core_imports_the_stdlib_and_itself_only():
 def test_function_level_imports_are_only_the_listed_heavy_libraries():
     inside = [f"{module}:{line} {name}" for module, path in MODULES.items()
               for name, top, line in imports(path)
-              if not top and not any(name == lazy or name.startswith(lazy + ".") for lazy in LAZY)]
+              if not top and not any(name == lazy or name.startswith(lazy + ".") for lazy in LAZY)
+              and (module, name) not in CYCLES]
     assert inside == []
 
 

@@ -83,8 +83,8 @@ class ReplayHeadNode:
         assert result.ok, result
         return result
 
-    def put_file(self, local, remote, *, mode=None):
-        self.files.append((local, remote))
+    def put_files(self, files):
+        self.files.extend((local, remote) for local, remote, _mode in files)
 
     async def arun(self, command, *, conn=None, timeout=None):
         return self.run(command)

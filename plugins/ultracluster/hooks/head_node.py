@@ -19,7 +19,7 @@ import logging
 import posixpath
 import selectors
 from base64 import b64decode
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -217,13 +217,17 @@ class HeadNodeHook(BaseHook):
 
     def put_file(self, local_path: str, remote_path: str, *, mode: int | None = None) -> None:
         """SFTP a file, written to a temp name then renamed: a rerun replaces it, never half-writes."""
-        client = self.get_conn()
-        tmp_path = posixpath.join(posixpath.dirname(remote_path), f".{posixpath.basename(remote_path)}.part")
-        with client.open_sftp() as sftp:
-            sftp.put(local_path, tmp_path)
-            if mode is not None:
-                sftp.chmod(tmp_path, mode)
-            sftp.posix_rename(tmp_path, remote_path)
+        self.put_files([(local_path, remote_path, mode)])
+
+    def put_files(self, files: Sequence[tuple[str, str, int | None]]) -> None:
+        """``put_file`` for each (local path, remote path, mode), over one SFTP session."""
+        with self.get_conn().open_sftp() as sftp:
+            for local_path, remote_path, mode in files:
+                tmp_path = posixpath.join(posixpath.dirname(remote_path), f".{posixpath.basename(remote_path)}.part")
+                sftp.put(local_path, tmp_path)
+                if mode is not None:
+                    sftp.chmod(tmp_path, mode)
+                sftp.posix_rename(tmp_path, remote_path)
 
     def stop_remote_transfer(self, pid_file: str) -> None:
         """Stop the process group a ``remote_commands.cancellable`` command recorded in ``pid_file``

@@ -16,7 +16,7 @@ from ultracluster.parsers.pcluster import ClusterNotFoundError, region_from_arn
 from ultracluster.run import existing_cluster as byo
 from ultracluster.run.clock import utc_now
 from ultracluster.run.events import deterministic
-from ultracluster.run.returns import cluster_deleted
+from ultracluster.run.returns import cluster_deleted, created_description
 from ultracluster.run.s3 import check_sse
 from ultracluster.run.states import DELETE_IN_PROGRESS
 from ultracluster.run.tags import cluster_owner
@@ -42,9 +42,11 @@ class DeleteClusterOperator(BaseOperator):
     :param s3_encryption: server-side encryption of usage.json and results.json (``s3_encryption.sse_args``).
     :param existing_cluster_name: the run used this cluster, which it did not create: the task skips
         (collect_results billed the run from its Slurm jobs).
+    :param cluster: pcluster_create's return (``run.returns.cluster_created``): the cluster it created or
+        reattached to is this run's, so a first try deletes it without describing it first.
     """
     template_fields: Sequence[str] = ("cluster_name", "region_name", "results_uri", "fsx_storage_capacity_gib",
-                                      "existing_cluster_name")
+                                      "existing_cluster_name", "cluster")
     operator_extra_links = (ParallelClusterStackLink(),)
     ui_color = "#ffd39b"
 
@@ -62,9 +64,11 @@ class DeleteClusterOperator(BaseOperator):
         max_delete_attempts: int = 3,
         s3_encryption: Mapping[str, str] | None = None,
         existing_cluster_name: str | None = None,
+        cluster: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.cluster = cluster
         self.existing_cluster_name = existing_cluster_name
         self.s3_encryption = check_sse(s3_encryption)
         self.cluster_name = cluster_name
@@ -89,15 +93,17 @@ class DeleteClusterOperator(BaseOperator):
         if not self.cluster_name:
             self.log.info("No cluster name: nothing to delete")
             return {"cluster_name": None, "deleted": False}
-        try:
-            description = hook.describe_cluster(self.cluster_name)
-        except ClusterNotFoundError:
-            self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
-            return self._gone()
-        owner = cluster_owner(description)
-        if owner != context["run_id"]:
-            self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
-            return {"cluster_name": self.cluster_name, "deleted": False}
+        description = self._created(context, delete_attempt)
+        if description is None:
+            try:
+                description = hook.describe_cluster(self.cluster_name)
+            except ClusterNotFoundError:
+                self.log.info("Cluster %s does not exist: nothing to delete", self.cluster_name)
+                return self._gone()
+            owner = cluster_owner(description)
+            if owner != context["run_id"]:
+                self.log.warning("Cluster %s belongs to run %r, not this one: left alone", self.cluster_name, owner)
+                return {"cluster_name": self.cluster_name, "deleted": False}
         ParallelClusterStackLink.persist(
             context=context,
             region_name=description.get("region") or region_from_arn(description.get("cloudformationStackArn")),
@@ -116,6 +122,15 @@ class DeleteClusterOperator(BaseOperator):
             kwargs={"delete_attempt": delete_attempt},
         )
         raise AssertionError("unreachable")
+
+    def _created(self, context: Context, delete_attempt: int) -> dict[str, Any] | None:
+        """pcluster_create's description of this run's cluster, on the first delete of a first try;
+        else None (describe it: a retry may find it deleting or gone)."""
+        created = self.cluster
+        if context["ti"].try_number > 1 or delete_attempt > 1 or not isinstance(created, Mapping) \
+                or created.get("existing") or created.get("cluster_name") != self.cluster_name:
+            return None
+        return created_description(created)
 
     def _bill(self) -> dict[str, Any]:
         """What ``hooks.usage`` bills the cluster with."""

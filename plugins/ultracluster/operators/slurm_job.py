@@ -111,12 +111,11 @@ class SlurmJob:
         source = self.spec.training_files_dir
         if source is None:
             return
-        for entry in sorted(os.listdir(source)):
-            local = os.path.join(source, entry)
-            if not os.path.isfile(local) or entry.startswith("."):
-                continue
-            mode = 0o755 if entry.endswith((".sh", ".py")) else 0o644
-            head_node.put_file(local, posixpath.join(self.spec.job_dir, entry), mode=mode)
+        files = [(os.path.join(source, entry), posixpath.join(self.spec.job_dir, entry),
+                  0o755 if entry.endswith((".sh", ".py")) else 0o644)
+                 for entry in sorted(os.listdir(source))
+                 if os.path.isfile(os.path.join(source, entry)) and not entry.startswith(".")]
+        head_node.put_files(files)
         self.log.info("Copied %s to %s", source, self.spec.job_dir)
 
     # ------------------------------------------------------------------------- submit, reattach

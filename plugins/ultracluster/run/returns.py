@@ -61,9 +61,11 @@ def cluster_created(cluster_name: str, description: Mapping[str, Any], config_s3
 
 
 def created_description(created: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``cluster_created`` value as the describe-cluster fields the fleet's cluster gate judges and
-    its host-key pin names the cluster by (``parsers.pcluster.cluster_facts``, ``cluster_identity``)."""
+    """A ``cluster_created`` value as the describe-cluster fields later tasks read: what the fleet's
+    cluster gate judges, what its host-key pin names the cluster by (``parsers.pcluster.cluster_facts``,
+    ``cluster_identity``), the stack and region delete_cluster links."""
     return {"clusterName": created.get("cluster_name"), "clusterStatus": created.get("cluster_status"),
+            "region": created.get("region"),
             "computeFleetStatus": created.get("compute_fleet_status"), "headNode": created.get("head_node") or {},
             "cloudformationStackArn": created.get("cloudformation_stack_arn"),
             "creationTime": created.get("created_at")}

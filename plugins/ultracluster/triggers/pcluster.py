@@ -5,6 +5,7 @@ Holds only serialisable arguments and never blocks the triggerer's event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -111,6 +112,7 @@ class ClusterStatusTrigger(BaseTrigger):
         consecutive_errors = 0
         description: dict = {}
         for attempt in range(1, self.max_attempts + 1):
+            called_at = time.monotonic()
             try:
                 description = await hook.adescribe_cluster(self.cluster_name)
                 state = evaluate(waiter, response=description)
@@ -142,7 +144,9 @@ class ClusterStatusTrigger(BaseTrigger):
                     end = self._event(reason, f"cluster {self.cluster_name} reached {status}", description)
                     yield await self._task_end(end) if ending(self, end.payload, self.end_task) else end
                     return
-            await asyncio.sleep(api_delay(self.poll_interval, consecutive_errors))
+            # One look per interval, the call's own time included; after failures, the backoff in full.
+            spent = 0.0 if consecutive_errors else time.monotonic() - called_at
+            await asyncio.sleep(max(0.0, api_delay(self.poll_interval, consecutive_errors) - spent))
         yield self._event("timeout", f"cluster {self.cluster_name} still {description.get('clusterStatus', 'unknown')} "
                                      f"after {self.max_attempts} checks", description)
 
