@@ -93,7 +93,9 @@ class DeleteClusterOperator(BaseOperator):
         if not self.cluster_name:
             self.log.info("No cluster name: nothing to delete")
             return {"cluster_name": None, "deleted": False}
-        description = self._created(context, delete_attempt)
+        # pcluster_create's answer on a first delete of a first try: the cluster it returned is this run's.
+        description = (created_description(self.cluster, self.cluster_name, context["ti"].try_number)
+                       if delete_attempt == 1 else None)
         if description is None:
             try:
                 description = hook.describe_cluster(self.cluster_name)
@@ -122,15 +124,6 @@ class DeleteClusterOperator(BaseOperator):
             kwargs={"delete_attempt": delete_attempt},
         )
         raise AssertionError("unreachable")
-
-    def _created(self, context: Context, delete_attempt: int) -> dict[str, Any] | None:
-        """pcluster_create's description of this run's cluster, on the first delete of a first try;
-        else None (describe it: a retry may find it deleting or gone)."""
-        created = self.cluster
-        if context["ti"].try_number > 1 or delete_attempt > 1 or not isinstance(created, Mapping) \
-                or created.get("existing") or created.get("cluster_name") != self.cluster_name:
-            return None
-        return created_description(created)
 
     def _bill(self) -> dict[str, Any]:
         """What ``hooks.usage`` bills the cluster with."""

@@ -60,10 +60,15 @@ def cluster_created(cluster_name: str, description: Mapping[str, Any], config_s3
     }
 
 
-def created_description(created: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``cluster_created`` value as the describe-cluster fields later tasks read: what the fleet's
-    cluster gate judges, what its host-key pin names the cluster by (``parsers.pcluster.cluster_facts``,
-    ``cluster_identity``), the stack and region delete_cluster links."""
+def created_description(created: Any, cluster_name: str, try_number: int) -> dict[str, Any] | None:
+    """pcluster_create's return (``cluster_created``) as the describe-cluster fields later tasks read
+    (what the fleet's cluster gate judges, what its host-key pin names the cluster by, the stack and
+    region delete_cluster links), for a task's first try on the cluster this run created. None where the
+    task must describe the cluster itself: a retry (the value may be stale), another cluster, one the
+    run adopted (``existing``: its value has no creation time), or no value (pcluster_create failed)."""
+    if try_number > 1 or not isinstance(created, Mapping) or created.get("existing") \
+            or created.get("cluster_name") != cluster_name:
+        return None
     return {"clusterName": created.get("cluster_name"), "clusterStatus": created.get("cluster_status"),
             "region": created.get("region"),
             "computeFleetStatus": created.get("compute_fleet_status"), "headNode": created.get("head_node") or {},

@@ -235,15 +235,6 @@ class ComputeFleetSensor(BaseSensorOperator):
                 lost=self._lost(context), shared=self.shared)
         return self._check
 
-    def _created(self, context: Context) -> dict[str, Any] | None:
-        """pcluster_create's description of this cluster, on a first try only: by a retry it may be stale."""
-        created = self.cluster
-        # An adopted cluster's value has no creation time, which its host-key pin names it by.
-        if context["ti"].try_number > 1 or not isinstance(created, dict) or created.get("existing") \
-                or created.get("cluster_name") != self.cluster_name:
-            return None
-        return created_description(created)
-
     def _look(self, context: Context, description: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any] | None]:
         """One round of both gates in the worker (``FleetCheck``): the pin and the ledger stored, a
         failure raised, else (judgement, the return value when ready)."""
@@ -264,7 +255,8 @@ class ComputeFleetSensor(BaseSensorOperator):
             return super().execute(context)
         # One look first: a fleet ready at once (dynamic nodes right after CREATE_COMPLETE) needs no
         # deferral, and a first contact made here is stored before the trigger starts.
-        judgement, ready = self._look(context, self._created(context))
+        judgement, ready = self._look(context, created_description(self.cluster, self.cluster_name,
+                                                                   context["ti"].try_number))
         if judgement.verdict == READY:
             return ready
         check = self._fleet_check(context)
