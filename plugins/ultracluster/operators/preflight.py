@@ -139,11 +139,10 @@ class PreflightOperator(BaseOperator):
         capacity = {"run_hours": expected["hours"], "now": now, "found": [],
                     "needed_by": now + timedelta(seconds=int(self.reservation_lead_s))}
         # The account's answers are independent: asked at once, they take the slowest one's time.
-        account_warnings: list[str] = []
         with ThreadPoolExecutor(max_workers=3, thread_name_prefix="preflight") as pool:
             account = pool.submit(account_problems, plan, self.aws_conn_id,
                                   f"{safe_run_id(context['run_id'])}.probe", prices, self.log, sse=self.s3_encryption,
-                                  warnings=account_warnings, capacity=capacity)
+                                  warnings=warnings, capacity=capacity)
             # A standing cluster's nodes run the image it was made with.
             image = None if existing else pool.submit(
                 node_image_problems, plan, aws_conn_id=self.aws_conn_id, parameter=self.node_image_parameter,
@@ -151,7 +150,6 @@ class PreflightOperator(BaseOperator):
             public = pool.submit(public_access_warnings, plan, self.aws_conn_id)
             problems += account.result()
             problems += image.result() if image else []
-        warnings += account_warnings
         if problems:
             raise AirflowFailException(problem_list(
                 f"preflight found {counted(problems, 'problem')}, nothing was created", problems))

@@ -22,7 +22,7 @@ from ultracluster.parsers.pcluster import ClusterNotFoundError
 from ultracluster.run import existing_cluster as byo
 from ultracluster.run.form import DEFAULT_RESOURCE_TTL_HOURS
 from ultracluster.run.profiles import include_dir
-from ultracluster.run.returns import network_created, stack_deleted, stack_outputs
+from ultracluster.run.returns import network_created, saw_deleted, stack_deleted, stack_outputs
 from ultracluster.run.states import (
     DELETE_COMPLETE,
     DELETE_FAILED,
@@ -301,8 +301,7 @@ class DeleteVpcStackOperator(_NetworkStackOperator):
         """Return when the run's cluster is gone; defer while it is deleting; raise otherwise."""
         if not self.cluster_name:
             return
-        deleted = self.cluster_deleted if isinstance(self.cluster_deleted, dict) else {}
-        if deleted.get("deleted") and deleted.get("cluster_name") == self.cluster_name:
+        if saw_deleted(self.cluster_deleted, self.cluster_name):
             self.log.info("Cluster %s is gone (delete_cluster saw it go)", self.cluster_name)
             return
         hook = ParallelClusterHook(self.pcluster_conn_id, region_name=self.region_name or None)

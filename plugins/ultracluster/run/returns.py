@@ -82,6 +82,11 @@ def cluster_deleted(cluster_name: str, deleted_at: str | None, usage: Mapping[st
             "usage": dict(usage) if usage is not None else None}
 
 
+def saw_deleted(deleted: Any, cluster_name: str) -> bool:
+    """Did delete_cluster's return (``cluster_deleted``) see ``cluster_name`` gone?"""
+    return isinstance(deleted, Mapping) and bool(deleted.get("deleted")) and deleted.get("cluster_name") == cluster_name
+
+
 def fleet_ready(head_node: Mapping[str, Any], ready_at: str) -> dict[str, Any]:
     """wait_for_fleet: the head node every later task reaches (address, pinned key, partition);
     ``ready_at``, when the wait saw the fleet ready, starts the run's idle fleet time."""
