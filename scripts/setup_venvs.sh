@@ -25,8 +25,12 @@ if ! [ -x "$venvs/tools/bin/uv" ]; then
 fi
 uv=$venvs/tools/bin/uv
 export UV_LINK_MODE=copy
+# uv writes no bytecode unless asked (pip does). Without it, where PYTHONDONTWRITEBYTECODE is set (as
+# in this machine's shells), every process that imports Airflow, boto3 or moto compiles them from
+# source again: `airflow triggerer --help` 4.2 s against 1.9 s. The stamps' "+pyc" rebuilds older venvs.
+export UV_COMPILE_BYTECODE=1
 
-stamp=$(inputs_hash requirements.lock plugins/pyproject.toml)
+stamp="$(inputs_hash requirements.lock plugins/pyproject.toml)+pyc"
 if ! fresh "$venvs/airflow" "$stamp"; then
   echo "setup: building .venvs/airflow"
   "$uv" venv -q --allow-existing -p "$python" "$venvs/airflow"
@@ -35,7 +39,7 @@ if ! fresh "$venvs/airflow" "$stamp"; then
   echo "$stamp" > "$venvs/airflow/.stamp"
 fi
 
-stamp=$(inputs_hash localcluster/pyproject.toml localcluster/requirements.lock)
+stamp="$(inputs_hash localcluster/pyproject.toml localcluster/requirements.lock)+pyc"
 if ! fresh "$venvs/localcluster" "$stamp"; then
   echo "setup: building .venvs/localcluster"
   "$uv" venv -q --allow-existing -p "$python" "$venvs/localcluster"
@@ -44,7 +48,7 @@ if ! fresh "$venvs/localcluster" "$stamp"; then
   echo "$stamp" > "$venvs/localcluster/.stamp"
 fi
 
-stamp=$(inputs_hash requirements-pcluster.lock)
+stamp="$(inputs_hash requirements-pcluster.lock)+pyc"
 if ! fresh "$venvs/pcluster" "$stamp"; then
   echo "setup: building .venvs/pcluster"
   "$uv" venv -q --allow-existing -p "$python" "$venvs/pcluster"

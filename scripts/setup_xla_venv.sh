@@ -33,8 +33,9 @@ else
     start=$SECONDS
     rm -rf "$venv"
     "$uv" venv -q -p "$python_bin" "$venv"
-    # Hard links into uv's cache: the CUDA wheels are not stored twice on the machine.
-    UV_LINK_MODE=hardlink "$uv" pip sync -q -p "$venv/bin/python" "$lock"
+    # Hard links into uv's cache: the CUDA wheels are not stored twice on the machine. Bytecode: as
+    # scripts/setup_venvs.sh (torch and torch_xla import in 8.4 s from source).
+    UV_LINK_MODE=hardlink UV_COMPILE_BYTECODE=1 "$uv" pip sync -q -p "$venv/bin/python" "$lock"
     # The lock pins everything; this only proves the set imports together (torch_xla loads torch).
     "$venv/bin/python" -c 'import torch_xla, transformers, h5py' || {
         echo "setup_xla_venv: the venv in $venv does not import torch_xla/transformers/h5py" >&2; exit 1; }

@@ -66,7 +66,7 @@ class _NetworkStackOperator(AwsBaseOperator[NetworkStackHook]):
     # deletes resume it to fail or to create again.
     delete_ends_task = False
 
-    def __init__(self, *, waiter_delay: int = 15, waiter_max_attempts: int = 240, max_delete_attempts: int = 3,
+    def __init__(self, *, waiter_delay: float = 15, waiter_max_attempts: int = 240, max_delete_attempts: int = 3,
                  delete_retry_delay: float = 120, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.waiter_delay = waiter_delay

@@ -40,7 +40,7 @@ class CloudFormationStackTrigger(AwsBaseWaiterTrigger):
         *,
         stack_name: str,
         waiter_name: str,
-        waiter_delay: int = 15,
+        waiter_delay: float = 15,
         waiter_max_attempts: int = 240,
         owner_run_id: str | None = None,
         delete_on_kill: bool = False,
