@@ -354,6 +354,16 @@ def airflow_local(e2e_home: Path, moto_server: str, tmp_path_factory: pytest.Tem
         stop_airflow(env)
 
 
+def wait_all_runs_ended(api, dag_id: str = DAG_ID, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Until every run of ``dag_id`` is success or failed (e.g. the weekly tick an unpaused DAG with
+    catchup=False runs once after a backfill), before checking that nothing is left."""
+    deadline = time.monotonic() + timeout_s
+    while any(r["state"] not in ("success", "failed")
+              for r in api.call("GET", f"/api/v2/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]):
+        assert time.monotonic() < deadline, f"runs of {dag_id} still going after {timeout_s} s"
+        time.sleep(5)
+
+
 def assert_nothing_left(env: dict[str, str], uc_home: Path) -> None:
     """No cluster, no live stack, no VPC but moto's default, no Slurm/sshd daemon of this home."""
     import boto3

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left, s3_client
+from tests.e2e.conftest import (DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left, s3_client,
+                                wait_all_runs_ended)
 from tests.e2e.test_cli_e2e import ultracluster
 from tests.e2e.test_sweep import REPORT_DAG_ID, published_report, unpaused, xcom  # noqa: F401 - unpaused is a fixture
 
@@ -160,9 +161,5 @@ def test_a_backfilled_sweep_on_one_cluster_as_the_ui_does_it(airflow_local, e2e_
     one_cluster_made(ledger_lines(e2e_home)[before:], cluster, 3, holder_run, point_runs)
     check_report(published_report(api, sweep["id"], timeout_s=600), results, cluster_usage)
     # Unpaused with catchup=False, Airflow also runs the latest weekly tick once: let it end.
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while any(r["state"] not in ("success", "failed")
-              for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]):
-        assert time.monotonic() < deadline
-        time.sleep(5)
+    wait_all_runs_ended(api)
     assert_nothing_left(env, e2e_home)

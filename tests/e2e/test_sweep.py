@@ -9,7 +9,7 @@ import urllib.error
 import pytest
 
 from tests.e2e.conftest import (DAG_ID, NODE_CAP, RUN_TIMEOUT_S, RUNTIME_READY, TASK_IDS, assert_nothing_left, s3_client,
-                                task_log)
+                                task_log, wait_all_runs_ended)
 from tests.e2e.test_cli_e2e import ultracluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.localcluster,
@@ -120,11 +120,7 @@ def test_a_backfilled_sweep_trains_one_point_per_tick_and_is_reported(airflow_lo
 
     # The backfill moved the schedule on: unpaused with catchup=False, Airflow also runs the latest
     # weekly tick once (docs/operations.md). Let every run end, then nothing may be left.
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while any(r["state"] not in ("success", "failed")
-              for r in api.call("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100")["dag_runs"]):
-        assert time.monotonic() < deadline
-        time.sleep(5)
+    wait_all_runs_ended(api)
     assert_nothing_left(env, e2e_home)
     check_node_cap(e2e_home / "logs" / "clusters.jsonl")
 
