@@ -183,16 +183,14 @@ def _drive(api, env, run: Run, tis: dict[str, dict]) -> None:
             fa.restart_component(env["AIRFLOW_HOME"], "triggerer", argv, environ)
             run.step = 2
     elif case.driver == "sshd_outages":
-        # First outage while wait_for_fleet waits (the node's boot delay keeps it waiting), then one
-        # while train is deferred.
+        # First outage while parallel_compile's job waits for its node (the boot delay keeps the node
+        # powering up for 45 s), then one while train is deferred. Not during wait_for_fleet: a fleet of
+        # dynamic nodes is ready at CREATE_COMPLETE, so that task lasts under a second, shorter than
+        # this loop's poll: an outage aimed at it could land on the tasks after it.
         if run.outage is not None and run.outage.poll() is not None:
             run.notes.setdefault("outages", []).append(run.outage.returncode)
             run.outage = None
-        # wait_for_fleet is short on dynamic nodes: any state between pcluster_create's success and
-        # its own (scheduled, queued, running, deferred) starts the first outage, so no poll misses it.
-        fleet = tis.get("wait_for_fleet", {}).get("state")
-        wanted = {0: tis.get("pcluster_create", {}).get("state") == "success" and fleet not in ("success", "failed"),
-                  1: train == "deferred"}
+        wanted = {0: tis.get("parallel_compile", {}).get("state") == "deferred", 1: train == "deferred"}
         if run.outage is None and wanted.get(run.step):
             run.outage, run.step = fa.start_ssh_outage(run.cluster, OUTAGE_S), run.step + 1
 
