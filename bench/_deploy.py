@@ -61,6 +61,8 @@ class Deployment:
             "AIRFLOW_HOME": str(self.airflow_home), "AIRFLOW_PORT": str(port),
             "ULTRACLUSTER_PG_HOME": str(self.root / "postgres"), "ULTRACLUSTER_PG_PORT": str(free_port()),
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+            # The baselines' own trigger, imported by the triggerer by its classpath.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "bench" / "dags"), os.environ.get("PYTHONPATH")])),
             **(extra_env or {}),
         }
         self.url = f"http://127.0.0.1:{port}"

@@ -3,7 +3,7 @@ triggerer, against the no-op DAG of the same shape, in one deployment of their o
 
     .venvs/airflow/bin/python bench/pipeline.py
 
-The no-op DAG 3 times, then 3 pairs of pipeline runs with the local profile's defaults but one node
+The no-op DAG 3 times, the no-op DAG with the four waits deferred 3 times, then 3 pairs of pipeline runs with the local profile's defaults but one node
 and 12 training steps: a cold run with a fresh compile cache prefix in S3, then a warm run on the same
 prefix. One run at a time.
 
@@ -12,6 +12,9 @@ prefix. One run at a time.
    cluster's CREATE_COMPLETE in cluster.json), each Slurm job (Slurm's SubmitTime to EndTime in its
    job completion log: power-up of dynamic nodes included), the delete (the delete-cluster call to
    the "deleted" ledger line) — over the no-op DAG's wall time.
+   Its floor: the same shape with the pipeline's four waits deferred to a trigger that ends the task
+   and no work at all (bench/dags/ultracluster_bench_noop.py), its wall less the four waits, over the
+   same baseline: what Airflow itself costs the pipeline's shape, which no change to the work can remove.
 3. Reaction latency per wait, from the state change as the local cluster, Slurm or moto records it,
    to the trigger's event ("Trigger fired event", Airflow's own line) and to the next task's start,
    and from the event to the next task's start (Airflow's hops; for wait_for_fleet, which looks once
@@ -52,8 +55,11 @@ from _collect import DAG_ID, WAITS, collect  # noqa: E402
 from _deploy import Deployment  # noqa: E402
 from _record import RESULTS, Report, summary  # noqa: E402
 from _watch import ClusterWatch  # noqa: E402
+from dags.ultracluster_bench_noop import WAITS as NOOP_WAITS  # noqa: E402
+from dags.ultracluster_bench_noop import WAIT_S as NOOP_WAIT_S  # noqa: E402
 
 NOOP_ID = "ultracluster_bench_noop"
+NOOP_DEFERRED_ID = "ultracluster_bench_noop_deferred"
 PAIRS = int(os.environ.get("BENCH_PIPELINE_PAIRS", "3"))
 RUN_TIMEOUT_S = 900
 # The production profile's poll intervals over the local profile's (docs/operations.md, "Waits and
@@ -153,7 +159,7 @@ def _fig(report: Report, label: str, values: list, unit: str, target: str = "", 
         print(f"{report.name}: {label}: no samples", flush=True)
 
 
-def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
+def report_figures(noop_walls: list[float], runs: list[dict], deferred_walls: list[float] = ()) -> Report:
     from ultracluster.run.profiles import load_profile
 
     local, production = load_profile("local"), load_profile("production")
@@ -165,6 +171,16 @@ def report_figures(noop_walls: list[float], runs: list[dict]) -> Report:
          note="provisioning + Slurm jobs (submit to end) + delete")
     _fig(report, "2. overhead / no-op wall", [r["overhead_s"] / noop for r in runs], "ratio", "<= 1.3",
          "overhead = wall - busy; median no-op wall as the baseline")
+    waited = len(NOOP_WAITS) * NOOP_WAIT_S
+    _fig(report, "no-op DAG with its waits deferred: wall time", list(deferred_walls), "s",
+         note=f"the same shape; {len(NOOP_WAITS)} tasks defer {NOOP_WAIT_S:g} s each and end in the triggerer")
+    _fig(report, "2. floor: overhead of the shape with its waits, no work / no-op wall",
+         [(w - waited) / noop for w in deferred_walls], "ratio",
+         note=f"(wall - {waited:g} s waited) over the median no-op wall: Airflow's own cost of the waits")
+    if deferred_walls:
+        floor = statistics.median(deferred_walls) - waited
+        _fig(report, "2. overhead above the floor", [r["overhead_s"] - floor for r in runs], "s",
+             note="the pipeline's own work off the cluster: moto, pcluster, SSH, S3; and what it exposes")
     for kind, picked in (("cold", runs[0::2]), ("warm", runs[1::2])):
         _fig(report, f"2. overhead / no-op wall ({kind})", [r["overhead_s"] / noop for r in picked], "ratio")
     _fig(report, "2. overhead: no task running, cluster idle", [r["between_tasks_s"] for r in runs], "s",
@@ -269,14 +285,16 @@ def _run(d: Deployment, dag_id: str, conf: dict | None, failures: list[str]) -> 
 
 
 def run_pipeline_benchmarks(d: Deployment) -> Report:
-    d.wait_for_dag(NOOP_ID)
-    d.wait_for_dag(DAG_ID)
-    noop_walls, failures = [], []
-    for _ in range(3):
-        run = _run(d, NOOP_ID, None, failures)
-        noop_walls.append(tl.parse_time(run["end_date"]) - tl.parse_time(run["start_date"]))
-        print(f"pipeline: no-op run {len(noop_walls)}: {noop_walls[-1]:.1f} s, load average {os.getloadavg()[0]:.1f}",
-              flush=True)
+    for dag_id in (NOOP_ID, NOOP_DEFERRED_ID, DAG_ID):
+        d.wait_for_dag(dag_id)
+    walls, failures = {NOOP_ID: [], NOOP_DEFERRED_ID: []}, []
+    for dag_id, wall in walls.items():
+        for _ in range(3):
+            run = _run(d, dag_id, None, failures)
+            wall.append(tl.parse_time(run["end_date"]) - tl.parse_time(run["start_date"]))
+            print(f"pipeline: {dag_id} run {len(wall)}: {wall[-1]:.1f} s, load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+    noop_walls, deferred_walls = walls[NOOP_ID], walls[NOOP_DEFERRED_ID]
     records, runs = [], []
     with ClusterWatch(d.home) as watch:
         for pair in range(PAIRS):
@@ -291,8 +309,9 @@ def run_pipeline_benchmarks(d: Deployment) -> Report:
                       f"{os.getloadavg()[0]:.1f}", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pipeline-runs.json").write_text(json.dumps(
-        {"noop_walls": noop_walls, "failed_runs": failures, "runs": runs, "records": records}, indent=1, default=str) + "\n")
-    report = report_figures(noop_walls, runs)
+        {"noop_walls": noop_walls, "noop_deferred_walls": deferred_walls, "failed_runs": failures, "runs": runs,
+         "records": records}, indent=1, default=str) + "\n")
+    report = report_figures(noop_walls, runs, deferred_walls)
     report.figure("runs failed and run again", float(len(failures)), "count", "0", "; ".join(failures)[:300])
     print(f"pipeline: tables in {report.save()}", flush=True)
     print(f"pipeline: tables in {first_step_figures(runs).save()}", flush=True)
