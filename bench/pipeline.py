@@ -3,9 +3,9 @@ triggerer, against the no-op DAG of the same shape, in one deployment of their o
 
     .venvs/airflow/bin/python bench/pipeline.py
 
-The no-op DAG 3 times, the no-op DAG with the four waits deferred 3 times, then 3 pairs of pipeline runs with the local profile's defaults but one node
-and 12 training steps: a cold run with a fresh compile cache prefix in S3, then a warm run on the same
-prefix. One run at a time.
+The no-op DAG 3 times, the no-op DAG with the four waits deferred 3 times, then 3 pairs of pipeline
+runs with the local profile's defaults but one node and 12 training steps: a cold run with a fresh
+compile cache prefix in S3, then a warm run on the same prefix. One run at a time.
 
 2. Orchestration overhead: the run's wall time (Airflow's run record) minus the union of the times
    the local cluster was busy — provisioning (the create call in logs/clusters.jsonl to the

@@ -7,8 +7,9 @@ whole path: scheduled, queued, a worker process, success.
 ``ultracluster_bench_noop_deferred``: the same, but the pipeline's four deferred waits
 (pcluster_create, parallel_compile, train, delete_cluster) each defer once to ExactTimeTrigger,
 which fires WAIT_S after the deferral and ends the task in the triggerer, as the pipeline's triggers
-do. (Airflow's DateTimeTrigger sleeps a second at a time, so it fires up to a second late.) WAIT_S outlasts the triggerer's pick-up (up to about 2 s), as the cluster's
-work outlasts it in the pipeline; the benchmark subtracts it as it subtracts the cluster's busy time.
+do (Airflow's DateTimeTrigger sleeps a second at a time, so it fires up to a second late). WAIT_S
+outlasts the triggerer's pick-up (up to about 2 s), as the cluster's work outlasts it in the
+pipeline; the benchmark subtracts it as it subtracts the cluster's busy time.
 What remains is Airflow's own cost of the shape with its waits: the floor under benchmark 2.
 
 Only the benchmarks' deployment reads this folder (bench/_deploy.py), never a user's; it puts the

@@ -27,9 +27,24 @@ while [ ! -e {JOB_DIR}/go ]; do sleep 0.5; done
 """
 
 
+def _hold_nodes(slurm, job_dir: str, script: str, num_nodes: int, tmp_path) -> str:
+    """Submit ``script`` on ``num_nodes`` nodes from ``job_dir``; its job id once it runs."""
+    from ultracluster import remote_commands as rc
+
+    slurm.head_node_hook.check(rc.make_dirs(job_dir))
+    (tmp_path / "job.sh").write_text(script)
+    slurm.head_node_hook.put_file(str(tmp_path / "job.sh"), f"{job_dir}/job.sh", mode=0o755)
+    job_id = slurm.sbatch(job_dir=job_dir, script_path=f"{job_dir}/job.sh", num_nodes=num_nodes,
+                          job_name="uc.fleetwait", comment="fleet wait test", job_env={})
+    deadline = time.monotonic() + 120
+    while [job.state for job in slurm.squeue_job(job_id)] != ["RUNNING"]:
+        assert time.monotonic() < deadline, slurm.squeue_job(job_id)
+        time.sleep(0.5)
+    return job_id
+
+
 def test_dynamic_nodes_becoming_usable_wake_the_fleet_trigger_through_the_head_node_wait(
         uc_home, uc_env, make_cluster_config, pcluster, monkeypatch, tmp_path):
-    from ultracluster import remote_commands as rc
     from ultracluster.hooks.head_node import HeadNodeHook
     from ultracluster.hooks.parallelcluster import ParallelClusterHook
     from ultracluster.hooks.slurm import SlurmHook
@@ -42,15 +57,7 @@ def test_dynamic_nodes_becoming_usable_wake_the_fleet_trigger_through_the_head_n
         assert ready["status"] == "success", ready
         head = ready["head_node"]
         slurm = SlurmHook(head_node=head)
-        slurm.head_node_hook.check(rc.make_dirs(JOB_DIR))
-        (tmp_path / "job.sh").write_text(JOB)
-        slurm.head_node_hook.put_file(str(tmp_path / "job.sh"), f"{JOB_DIR}/job.sh", mode=0o755)
-        job_id = slurm.sbatch(job_dir=JOB_DIR, script_path=f"{JOB_DIR}/job.sh", num_nodes=2, job_name="uc.fleetwait",
-                              comment="fleet wait test", job_env={})
-        deadline = time.monotonic() + 120
-        while [job.state for job in slurm.squeue_job(job_id)] != ["RUNNING"]:
-            assert time.monotonic() < deadline, slurm.squeue_job(job_id)
-            time.sleep(0.5)
+        _hold_nodes(slurm, JOB_DIR, JOB, 2, tmp_path)
 
         calls = {"connections": 0, "sinfo": 0, "waits": [], "describe": 0}
         real_aconnection, real_sinfo = HeadNodeHook.aconnection, SlurmHook.asinfo_text
@@ -110,7 +117,6 @@ def test_the_fleet_wait_rides_out_a_head_node_sshd_outage(uc_home, uc_env, make_
     No timing: the job holds its node until the test releases it after sshd is back, and the outage
     lasts until the test has seen the trigger fail to reach the head node (the fault reports when
     sshd went down and came back, run/faults/ssh-outage.json)."""
-    from ultracluster import remote_commands as rc
     from ultracluster.hooks.slurm import SlurmHook
     from ultracluster.triggers.fleet import ComputeFleetTrigger
 
@@ -125,15 +131,8 @@ def test_the_fleet_wait_rides_out_a_head_node_sshd_outage(uc_home, uc_env, make_
         assert ready["status"] == "success", ready
         head = ready["head_node"]
         slurm = SlurmHook(head_node=head)
-        slurm.head_node_hook.check(rc.make_dirs(job_dir))
-        (tmp_path / "job.sh").write_text(f"#!/bin/bash\nwhile [ ! -e {job_dir}/release ]; do sleep 0.2; done\n")
-        slurm.head_node_hook.put_file(str(tmp_path / "job.sh"), f"{job_dir}/job.sh", mode=0o755)
-        job_id = slurm.sbatch(job_dir=job_dir, script_path=f"{job_dir}/job.sh", num_nodes=1, job_name="uc.fleetoutage",
-                              comment="fleet outage test", job_env={})
-        deadline = time.monotonic() + 120
-        while [job.state for job in slurm.squeue_job(job_id)] != ["RUNNING"]:
-            assert time.monotonic() < deadline, slurm.squeue_job(job_id)
-            time.sleep(0.5)
+        job_id = _hold_nodes(slurm, job_dir, f"#!/bin/bash\nwhile [ ! -e {job_dir}/release ]; do sleep 0.2; done\n",
+                             1, tmp_path)
         trigger = ComputeFleetTrigger(cluster_name=name, num_nodes=1, partition=None,
                                       pcluster_conn_id="pcluster_default", ssh_conn_id="ultracluster_head_node",
                                       ssh_port=int(os.environ.get("LOCAL_UC_SSH_PORT", "2222")),
