@@ -32,6 +32,14 @@ case "${1:-}" in
     echo $! > "$pidfile"
     for _ in $(seq 180); do healthy && break; running || break; sleep 1; done
     healthy || { echo "airflow: not healthy, see $AIRFLOW_HOME/logs/api-server.log" >&2; tail -20 "$AIRFLOW_HOME/logs/api-server.log" >&2; bash "$0" stop; exit 1; }
+    # Each api-server worker builds the Task SDK's API (cadwyn's versioned routes, about 3 s here) on
+    # its first request under /execution: done now, not by the first task each worker serves. A
+    # worker building blocks its loop, so concurrent requests reach the others.
+    warm=()
+    for _ in $(seq $((2 * ${AIRFLOW__API__WORKERS:-1}))); do
+      curl -sS -o /dev/null --max-time 60 "http://127.0.0.1:$AIRFLOW_PORT/execution/health" & warm+=($!)
+    done
+    wait "${warm[@]}" || true
     echo "airflow: up on http://127.0.0.1:$AIRFLOW_PORT (user admin, password in $pwfile)"
     ;;
   stop)
