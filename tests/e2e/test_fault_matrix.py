@@ -38,8 +38,9 @@ OUTAGE_S = 30
 UNHEALTHY_NODE = "compute1-dy-trn1-32xl-1"  # the training queue's one dynamic node (SHORT)
 TRAINING_RESOURCE = "trn1-32xl"  # its compute resource (a tag value cannot be the knob's `*`)
 # The twin's insufficient_capacity_timeout for the capacity case (ParallelCluster's: 600 s): longer than
-# the hop from the job's end to the task reading the node's reason, or the reason would be gone.
-ICE_HOLD_S = 30
+# the hop from the job's end to the task reading the node's reason, or the reason would be gone. That hop
+# includes the triggerer's outage when the kill_triggerer case (OUTAGE_S, plus its restart) overlaps it.
+ICE_HOLD_S = 2 * OUTAGE_S
 SUITE_TIMEOUT_S = 1500
 TEARDOWNS = ("delete_cluster", "delete_vpc")
 STEPS = ("preflight", "create_vpc", "render_config", "pcluster_create", "wait_for_fleet", "download_data",
