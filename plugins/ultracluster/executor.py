@@ -9,14 +9,22 @@ workers, they are inherited by every task, and so are the AWS service models the
 share (``hooks.aws_session``). ``AIRFLOW__CORE__EXECUTOR`` names this class in
 scripts/env.sh; Airflow's own LocalExecutor runs the same tasks, only slower to start.
 
+It also drops the stale success of a deferral's exit (``change_state``): Airflow 3.3 fails a task
+instance whose trigger fired and whose resumed attempt is already running when that exit's success
+is read (apache/airflow#72716, open; its guard covers a task instance back in ``scheduled`` only).
+
 As with Airflow plugins, a change to this package's code reaches the tasks after the scheduler
 restarts (``make down && make up``); the DAG files themselves are parsed afresh by every task.
 """
 from __future__ import annotations
 
 import importlib
+from collections import Counter
+from typing import Any
 
 from airflow.executors.local_executor import LocalExecutor
+from airflow.models.taskinstancekey import TaskInstanceKey
+from airflow.utils.state import TaskInstanceState
 
 from ultracluster.hooks import aws_session
 
@@ -67,6 +75,30 @@ def preload() -> None:
 class PreloadedLocalExecutor(LocalExecutor):
     """LocalExecutor whose workers (forked in ``start``) already hold ``PRELOAD``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Task workloads sent to the workers and not yet ended, per task instance key. A resume after
+        # a deferral has the key of the try that deferred, so two can be in flight at once.
+        self.in_flight: Counter[TaskInstanceKey] = Counter()
+
     def start(self) -> None:
         preload()
         super().start()
+
+    def _process_workloads(self, workload_list: Any) -> None:
+        self.in_flight.update(w.key for w in workload_list if isinstance(w.key, TaskInstanceKey))
+        super()._process_workloads(workload_list)
+
+    def change_state(self, key: Any, state: Any, info: Any = None, remove_running: bool = True) -> None:
+        """A worker's end of a workload. A success while a later workload of the same key is in flight is
+        the exit of the try's deferral, the resume already sent: the scheduler would read it as the
+        resumed attempt killed externally (apache/airflow#72716), so it is dropped. A failure never is."""
+        if isinstance(key, TaskInstanceKey) and state in (TaskInstanceState.SUCCESS, TaskInstanceState.FAILED):
+            stale = self.in_flight[key] > 1 and state == TaskInstanceState.SUCCESS
+            self.in_flight[key] -= 1
+            if self.in_flight[key] <= 0:
+                del self.in_flight[key]
+            if stale:
+                self.log.info("Dropped the success of %s's deferral exit: its resume is already running", key)
+                return
+        super().change_state(key, state, info, remove_running)

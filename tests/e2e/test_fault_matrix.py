@@ -108,9 +108,12 @@ CASES: dict[str, Case] = {
     # Insufficient capacity: EC2 refuses every launch of the training node. parallel_compile's job never
     # starts; the lost-node rule waits out ParallelCluster's hold and submits it again once (node_replacements
     # 1); refused again, the node is lost twice and the task fails at once naming the EC2 error; teardowns.
+    # The job's quick end also makes Airflow's defer/resume race (apache/airflow#72716): its first deferral's
+    # process exits only once the resume runs, which must go on, on try 1 (ultracluster.executor).
     "insufficient-capacity": Case(
         conf={**SHORT, "extra_tags": {"local-ultracluster:insufficient-capacity": TRAINING_RESOURCE,
                                       "local-ultracluster:insufficient-capacity-timeout": str(ICE_HOLD_S)}},
+        faults={"parallel_compile": "stale_defer_exit"},
         failed=("parallel_compile",), tries={"parallel_compile": 1},
         log={"parallel_compile": "EC2 had no capacity (InsufficientInstanceCapacity)"}, driver="count_launches"),
 }
@@ -286,6 +289,12 @@ def test_fault(matrix, airflow_local, case):
         print(f"{case}: PATCH to the job leaving squeue {run.notes['patch_to_gone_s']} s (goal 5 s)")
     if spec.driver == "sshd_outages":
         assert run.notes.get("outages") == [0, 0], run.notes
+    if spec.faults.get("parallel_compile") == "stale_defer_exit":
+        # The race was made: the resume ran while the deferral's exit was read, and the executor dropped it.
+        first = task_log(api, run.run_id, "parallel_compile", 1)
+        assert "the resume holds on while the deferral's process exits" in first, first[-3000:]
+        scheduler = (Path(env["AIRFLOW_HOME"]) / "logs" / "scheduler.log").read_text(errors="replace")
+        assert any("deferral exit" in line and run.run_id in line for line in scheduler.splitlines())
     if spec.driver == "kill_node":
         assert run.notes.get("node_kills") == [0], run.notes
         assert "NODE_FAIL" in task_log(api, run.run_id, "train", 1)

@@ -59,3 +59,74 @@ def test_the_preload_comes_before_the_workers_fork(monkeypatch):
     monkeypatch.setattr(LocalExecutor, "start", lambda self: calls.append("fork the workers"))
     executor.PreloadedLocalExecutor.start(object.__new__(executor.PreloadedLocalExecutor))
     assert calls == ["preload", "fork the workers"]
+
+
+def _started(monkeypatch):
+    """The executor started with its real queues; the test plays its workers (``_run_worker``): it takes
+    the workloads off ``activity_queue`` and puts each one's end on ``result_queue``."""
+    from airflow.executors.local_executor import LocalExecutor
+
+    from ultracluster import executor
+
+    monkeypatch.setattr(executor, "preload", lambda: None)
+    monkeypatch.setattr(LocalExecutor, "_spawn_workers_with_gc_freeze", lambda self, n: None)
+    monkeypatch.setattr(LocalExecutor, "_check_workers", lambda self: None)
+    started = executor.PreloadedLocalExecutor(parallelism=2)
+    started.start()
+    return started
+
+
+def _workload(key):
+    """What trigger_tasks and _process_workloads read of an ExecuteTask workload."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(key=key, ti=SimpleNamespace(priority_weight=1))
+
+
+def _send(executor, workload) -> None:
+    executor.queued_tasks[workload.key] = workload
+    executor.trigger_tasks(open_slots=2)
+    assert executor.activity_queue.get().key == workload.key  # a worker took it
+
+
+def _ends(executor, *results) -> dict:
+    for key, state in results:
+        executor.result_queue.put((key, state, None))
+    executor.sync()
+    return executor.get_event_buffer()
+
+
+def test_a_deferral_exits_success_is_dropped_once_its_resume_runs(monkeypatch):
+    """apache/airflow#72716: the trigger fired and the resume was sent before the deferring process's
+    exit was read. Reported, that success fails the running resume ("state mismatch"); it is dropped,
+    and the resume's own end is reported."""
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.utils.state import TaskInstanceState
+
+    executor = _started(monkeypatch)
+    key = TaskInstanceKey("trn1_bert_pretrain", "parallel_compile", "run", 1, -1)
+    _send(executor, _workload(key))  # the try that defers
+    _send(executor, _workload(key))  # its resume: the same key
+    assert _ends(executor, (key, TaskInstanceState.SUCCESS)) == {}
+    assert _ends(executor, (key, TaskInstanceState.SUCCESS)) == {key: (TaskInstanceState.SUCCESS, None)}
+    assert not executor.in_flight
+
+
+def test_every_other_end_is_reported(monkeypatch):
+    """One workload per key: its end, success or failure. A failure beside a later workload of its
+    key too: a failure is never a deferral's exit."""
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.utils.state import TaskInstanceState
+
+    executor = _started(monkeypatch)
+    one = TaskInstanceKey("trn1_bert_pretrain", "train", "run", 1, -1)
+    two = TaskInstanceKey("trn1_bert_pretrain", "train", "run", 2, -1)
+    _send(executor, _workload(one))
+    _send(executor, _workload(two))
+    assert _ends(executor, (one, TaskInstanceState.SUCCESS), (two, TaskInstanceState.FAILED)) == {
+        one: (TaskInstanceState.SUCCESS, None), two: (TaskInstanceState.FAILED, None)}
+    _send(executor, _workload(one))
+    _send(executor, _workload(one))
+    assert _ends(executor, (one, TaskInstanceState.FAILED)) == {one: (TaskInstanceState.FAILED, None)}
+    assert _ends(executor, (one, TaskInstanceState.SUCCESS)) == {one: (TaskInstanceState.SUCCESS, None)}
+    assert not executor.in_flight

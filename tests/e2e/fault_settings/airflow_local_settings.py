@@ -7,14 +7,19 @@ It injects the faults tests/e2e/test_fault_matrix.py asks for, per run: a run is
     fail_first_try      a transient failure on try 1 only; the retry runs the real task
     kill_before_defer   on try 1, SIGKILL the task process after it submitted its work, before it
                         defers (the retry must reattach)
+    stale_defer_exit    on try 1, the process of the first deferral exits only once the resume runs,
+                        and the resume holds on 4 s: the deferral's exit success is read while the
+                        resumed attempt is running (apache/airflow#72716; ultracluster.executor)
 It also shortens retry delays and lifts the DAG's max_active_runs, so that the matrix's runs go
 concurrently and a retry does not wait a minute (env UC_E2E_RETRY_DELAY_S, UC_E2E_MAX_ACTIVE_RUNS).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,10 +37,26 @@ def _fault(context) -> str | None:
     return json.loads(path.read_text()).get(context["ti"].task_id)
 
 
+def _marker(context, name: str) -> Path:
+    return Path(os.environ[FAULT_DIR_ENV]) / f"{context['run_id']}.{context['ti'].task_id}.{name}"
+
+
+def _await_resume(resumed: Path) -> None:
+    """At the deferring process's exit: wait for the resume (less than task_success_overtime's 20 s)."""
+    deadline = time.monotonic() + 15
+    while not resumed.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _pre_execute(context) -> None:
     _current["context"] = context
     fault = _fault(context)
     try_number = context["ti"].try_number
+    resume = _marker(context, "deferred").exists() and not _marker(context, "resumed").exists()
+    if fault == "stale_defer_exit" and resume:
+        _marker(context, "resumed").touch()
+        print("UC_E2E injected fault: the resume holds on while the deferral's process exits", flush=True)
+        time.sleep(4)
     if fault == "fail":
         from airflow.sdk.exceptions import AirflowFailException
 
@@ -54,6 +75,10 @@ def _wrap_defer(task) -> None:
         if context is not None and _fault(context) == "kill_before_defer" and context["ti"].try_number == 1:
             print(f"UC_E2E injected fault: SIGKILL {os.getpid()} before {context['ti'].task_id} defers", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if context is not None and _fault(context) == "stale_defer_exit" and context["ti"].try_number == 1 \
+                and not _marker(context, "deferred").exists():
+            _marker(context, "deferred").touch()
+            atexit.register(_await_resume, _marker(context, "resumed"))
         return defer(**kwargs)
 
     task.defer = defer_or_die
