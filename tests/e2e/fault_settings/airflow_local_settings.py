@@ -52,8 +52,8 @@ def _pre_execute(context) -> None:
     _current["context"] = context
     fault = _fault(context)
     try_number = context["ti"].try_number
-    resume = _marker(context, "deferred").exists() and not _marker(context, "resumed").exists()
-    if fault == "stale_defer_exit" and resume:
+    if fault == "stale_defer_exit" and _marker(context, "deferred").exists() \
+            and not _marker(context, "resumed").exists():  # the resume of the slowed deferral
         _marker(context, "resumed").touch()
         print("UC_E2E injected fault: the resume holds on while the deferral's process exits", flush=True)
         time.sleep(4)
@@ -72,11 +72,11 @@ def _wrap_defer(task) -> None:
 
     def defer_or_die(**kwargs):
         context = _current.get("context")
-        if context is not None and _fault(context) == "kill_before_defer" and context["ti"].try_number == 1:
+        fault = _fault(context) if context is not None and context["ti"].try_number == 1 else None
+        if fault == "kill_before_defer":
             print(f"UC_E2E injected fault: SIGKILL {os.getpid()} before {context['ti'].task_id} defers", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        if context is not None and _fault(context) == "stale_defer_exit" and context["ti"].try_number == 1 \
-                and not _marker(context, "deferred").exists():
+        if fault == "stale_defer_exit" and not _marker(context, "deferred").exists():
             _marker(context, "deferred").touch()
             atexit.register(_await_resume, _marker(context, "resumed"))
         return defer(**kwargs)
