@@ -50,6 +50,12 @@ def test_bert_large_phase_1_shows_one_line_per_30_s_not_28125():
     assert 99 <= len(shown) <= 102
 
 
+def test_a_zero_interval_shows_every_line_even_when_one_read_holds_several():
+    # The job wait's stream can deliver steps 2 and 3 in one chunk; the last step must not fold step 2.
+    assert replay(ProgressThrottle(interval_s=0), 3, 1.0, batch=3) == [1, 2, 3]
+    assert replay(ProgressThrottle(interval_s=0), 5, 0.0, batch=5) == [1, 2, 3, 4, 5]
+
+
 def test_every_n_steps_mode():
     shown = replay(ProgressThrottle(every_steps=10), 40, 0.4)
     assert shown == [1, 10, 20, 30, 40]

@@ -112,6 +112,7 @@ class ProgressThrottle:
     """Which progress lines a task log shows: at most one per ``interval_s`` (the newest one due), or
     instead every ``every_steps`` steps; always the first and the last step of the run, and any loss
     spike (a loss above ``spike_factor`` × the median of the last ``window`` logged losses).
+    ``interval_s=0`` shows every line.
 
     Feed lines in order with ``offer``; call ``flush`` after each batch read, with ``final=True`` once
     the job has ended (its newest line is then shown whatever the interval).
@@ -146,7 +147,8 @@ class ProgressThrottle:
         first = self._logged_at is None
         last = progress.total is not None and progress.step >= progress.total
         on_step = self.every_steps is not None and progress.step % self.every_steps == 0
-        if first or last or on_step:
+        unthrottled = self.every_steps is None and self.interval_s <= 0  # a batch must not fold lines
+        if first or last or on_step or unthrottled:
             return self._take(line, progress, now)
         self._pending = (line, progress)
         return []
